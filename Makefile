@@ -1,0 +1,69 @@
+# nvfp4 workbook: one entry point for setting up, testing and reproducing.
+#
+#   make test        run every test, notebooks included (small mode)
+#   make reproduce   execute all notebooks in full mode: build/notebooks/, figures/
+#
+# With PYTHON unset, a .venv is created and the project installed into it on first use.
+# With PYTHON set (e.g. `make reproduce PYTHON=python3` on an offline GPU node), that
+# interpreter is used as it is and nothing is installed.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?=
+TORCH_VERSION ?= 2.13.0
+VENV ?= .venv
+PYTEST_ARGS ?=
+NOTEBOOK_ARGS ?=
+BUILD_DIR := build
+
+ifeq ($(strip $(PYTHON)),)
+PY := $(VENV)/bin/python
+SETUP := $(VENV)/.installed
+else
+PY := $(PYTHON)
+SETUP :=
+endif
+
+.PHONY: help test reproduce lab clean distclean
+
+help: ## show this help
+	@echo "Targets:"
+	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
+	@echo "Variables: PYTHON=<interpreter> uses an existing environment (installs nothing);"
+	@echo "           TORCH_VERSION=$(TORCH_VERSION) (first install only), PYTEST_ARGS, NOTEBOOK_ARGS"
+
+# The virtual environment. torch is installed first and pinned, so that the `torch>=2.8`
+# requirement is already met and pip does not pick a multi-GB CUDA build on a CPU machine;
+# an environment that already has torch keeps it.
+$(VENV)/.installed: pyproject.toml
+	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install "torch==$(TORCH_VERSION)"
+	$(VENV)/bin/python -m pip install -e ".[dev,cute]"
+	touch $@
+
+test: $(SETUP) ## run all tests, notebooks included (small mode)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+reproduce: $(SETUP) ## execute notebooks/*.ipynb in order, full mode -> build/notebooks/, figures/
+	$(PY) tools/run_notebooks.py --out $(BUILD_DIR)/notebooks $(NOTEBOOK_ARGS)
+
+lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the project's kernel registered
+	$(PY) -m ipykernel install --user --name nvfp4 --display-name "Python (nvfp4)"
+	$(PY) -m jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# ---- Further targets go here, one block each, declared .PHONY, depending on $(SETUP) and
+# ---- running $(PY) so that `PYTHON=...` works for them too; a `## text` comment puts them in help.
+
+# ---- bench: timing runs on a GPU --------------------------------------------------------
+
+# ---- submission: the leaderboard submission file ---------------------------------------
+
+# ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
+
+clean: ## remove build outputs and caches (keeps .venv and figures/)
+	rm -rf $(BUILD_DIR) .pytest_cache .hypothesis
+	find . -path ./$(VENV) -prune -o \( -name __pycache__ -o -name .ipynb_checkpoints \) -type d -print0 | xargs -0 -r rm -rf
+
+distclean: clean ## also remove .venv (the next target reinstalls)
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,509 @@
+"""CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel.
+
+Both read the leaderboard tensors in place (A and B codes, the permuted scales, c) and
+cover all L batches in one launch. The FP4 decode is picked at compile time from the
+target: Blackwell (sm_100a and newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper
+and older have no FP4 instruction, so codes are decoded with integer bit operations.
+
+The fast kernel gives each warp ``rows_per_warp`` rows of one batch; the lanes split K in
+16-byte chunks (32 codes, two 16-element scale blocks), so every load of A is a 128-bit
+coalesced load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded
+once per chunk and reused for all rows of the warp. Products of a 16-element block are
+summed in packed fp16 (exact: see ``_block_dot``), then scaled and accumulated in fp32.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from .device import capabilities
+from .validate import validate_gemv_input
+
+try:  # CuTe DSL is optional: everything else in the package works without it.
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float16, Float32, Int32, Int64, Uint32
+    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+except ImportError:  # pragma: no cover - exercised on machines without the DSL
+    cute = None
+
+_SCALE_ATOM_BYTES = 512  # one 128-row x 4-scale-column tile of the permuted layout
+_FP16_2_POW_14 = 0x74007400  # half2(16384, 16384)
+
+
+@dataclass(frozen=True)
+class FastConfig:
+    """Compile-time shape of the fast kernel (one compiled variant per config)."""
+
+    rows_per_warp: int = 4
+    warps_per_block: int = 4
+    unroll: int = 2  # 16-byte chunks per lane in flight, per row
+    blocks_per_sm: int = 4  # grid = min(work, SMs x this): warps loop over row groups
+    compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
+    a_load: str = ".nc.L1::no_allocate"  # PTX qualifiers of the A loads (read once: skip L1)
+    permuted_scales: bool = False  # read sfa_permuted/sfb_permuted instead of the plain sfa/sfb
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.rows_per_warp * self.warps_per_block
+
+
+# --------------------------------------------------------------------------- device code
+# Plain Python helpers called from inside kernels are traced inline by the DSL.
+
+
+def _e4m3x2_to_f32(pair):
+    """Two E4M3 scales (one 16-bit load) -> two fp32 (``cvt ... e4m3x2`` exists from sm_89)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 h2; .reg .f16 lo, hi;\n"
+        " cvt.rn.f16x2.e4m3x2 h2, {$r0};\n"
+        " mov.b32 {lo, hi}, h2;\n"
+        " cvt.f32.f16 {$w0}, lo;\n"
+        " cvt.f32.f16 {$w1}, hi; }",
+        write_only_types=[Float32, Float32],
+        read_only_args=[pair],
+    )
+
+
+def _half2_sum_f32(h2):
+    """lo + hi of a packed half2, in fp32."""
+    return cute.arch.inline_ptx(
+        "{ .reg .f16 lo, hi; .reg .f32 a, b;\n"
+        " mov.b32 {lo, hi}, {$r0};\n"
+        " cvt.f32.f16 a, lo;\n"
+        " cvt.f32.f16 b, hi;\n"
+        " add.f32 {$w0}, a, b; }",
+        write_only_types=[Float32],
+        read_only_args=[h2],
+    )
+
+
+def _prmt(a, b, selector: int):
+    return cute.arch.inline_ptx(
+        f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector};",
+        write_only_types=[Int32],
+        read_only_args=[a, b],
+    )
+
+
+def _decode_word_bitops(word):
+    """8 E2M1 codes (one 32-bit word) -> 4 half2 holding value * 2^-14, with bit operations.
+
+    An E2M1 code is [sign | e1 e0 | m]. Placing e1 e0 m into fp16 bits 11..9 (the two low
+    exponent bits and the top mantissa bit) and the sign into bit 15 gives an fp16 equal
+    to the E2M1 value times 2^-14, for normal and subnormal codes alike. Each byte is first
+    rewritten as [s 0 0 0 e1 e0 m 0], then a byte permute lifts two bytes into one half2.
+    Pairs come out as (n2, n6), (n0, n4), (n3, n7), (n1, n5); A and B use the same order.
+    """
+    x = Uint32(word)
+    even = ((x << 1) & Uint32(0x0E0E0E0E)) | ((x << 4) & Uint32(0x80808080))
+    odd = ((x >> 3) & Uint32(0x0E0E0E0E)) | (x & Uint32(0x80808080))
+    zero = Int32(0)
+    return (
+        Int32(even & Uint32(0xFF00FF00)),
+        _prmt(Int32(even), zero, 0x2404),
+        Int32(odd & Uint32(0xFF00FF00)),
+        _prmt(Int32(odd), zero, 0x2404),
+    )
+
+
+def _decode_word_hw(word):
+    """8 E2M1 codes -> 4 half2 of true values with Blackwell's hardware conversion."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b8 b0, b1, b2, b3;\n"
+        " mov.b32 {b0, b1, b2, b3}, {$r0};\n"
+        " cvt.rn.f16x2.e2m1x2 {$w0}, b0;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w1}, b1;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w2}, b2;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w3}, b3; }",
+        write_only_types=[Int32] * 4,
+        read_only_args=[Int32(word)],
+    )
+
+
+def _decode_b_word(word, hw_e2m1: bool):
+    """B is decoded to true fp16 values (the 2^-14 of the bit trick stays on A only)."""
+    if hw_e2m1:
+        return _decode_word_hw(word)
+    two14 = Int32(_FP16_2_POW_14)
+    zero = Int32(0)
+    return tuple(
+        cute.arch.fma_packed_f16x2(h, two14, zero) for h in _decode_word_bitops(word)
+    )
+
+
+def _block_dot(a_words, b_halves, hw_e2m1: bool):
+    """Sum of a 16-element block (2 words of A, 8 half2 of B) in packed fp16, as fp32.
+
+    Exact: every product is a multiple of 2^-16 (bit trick) or 1/4 (hardware decode) and
+    each half2 lane sums 8 products of magnitude <= 36, which fp16 represents exactly.
+    """
+    acc = Int32(0)
+    for w in range(2):
+        a_halves = _decode_word_hw(a_words[w]) if hw_e2m1 else _decode_word_bitops(a_words[w])
+        for h in range(4):
+            acc = cute.arch.fma_packed_f16x2(a_halves[h], b_halves[4 * w + h], acc)
+    return _half2_sum_f32(acc)
+
+
+# --------------------------------------------------------------------------- fast kernel
+
+def _ld_global_v4_if(ptr, pred, hint: str):
+    """128-bit load that yields zeros where ``pred`` is false (K tails, pipeline end)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n"
+        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
+        f" @p ld.global{hint}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}]; }}",
+        write_only_types=[Int32] * 4,
+        read_only_args=[ptr, Int32(pred)],
+    )
+
+
+def _ld_global_u16_if(ptr, pred):
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc.u16 {$w0}, [{$r0}]; }",
+        write_only_types=[cutlass.Int16],
+        read_only_args=[ptr, Int32(pred)],
+    )
+
+
+def _make_staging(rows: int, unroll: int):
+    """Register buffers for one step's loads: A words and scales of R rows, B words and scales.
+
+    A step is U chunks of 16 bytes per lane. Keeping the loads in buffers lets the
+    pipelined kernel issue the next step's loads before it computes the current one.
+    """
+    return (cute.make_rmem_tensor((rows * unroll * 4,), Int32), cute.make_rmem_tensor((rows * unroll,), cutlass.Int16),
+            cute.make_rmem_tensor((unroll * 4,), Int32), cute.make_rmem_tensor((unroll,), cutlass.Int16))
+
+
+def _stage_loads(stage, group, chunk0, n_chunks, live, rows: int, unroll: int, a_load: str):
+    """Issue the loads of one step: chunks chunk0 + 32 * u of the rows of ``group``."""
+    a_buf, sfa_buf, b_buf, sfb_buf = stage
+    for u in range(unroll):
+        chunk = chunk0 + 32 * u
+        ok = live & (chunk < n_chunks)
+        words = _ld_global_v4_if(group.b_row + chunk * 16, ok, ".nc")
+        for i in range(4):
+            b_buf[4 * u + i] = words[i]
+        sfb_buf[u] = _ld_global_u16_if(group.sfb_row + group.scale_offset(chunk), ok)
+        for r in range(rows):
+            words = _ld_global_v4_if(group.a_rows[r] + chunk * 16, ok, a_load)
+            for i in range(4):
+                a_buf[(r * unroll + u) * 4 + i] = words[i]
+            sfa_buf[r * unroll + u] = _ld_global_u16_if(group.sfa_rows[r] + group.scale_offset(chunk), ok)
+
+
+def _stage_snapshot(stage):
+    """The buffered values as plain registers, so the buffers can be refilled."""
+    return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
+
+
+def _accumulate(values, rows: int, unroll: int, acc, hw_e2m1: bool):
+    """acc[r] += the dot products of one step's chunks (see ``_block_dot``)."""
+    a, sfa, b, sfb = values
+    a_factor = Float32(1.0 if hw_e2m1 else 16384.0)  # undoes the 2^-14 of the bit-trick decode
+    for u in range(unroll):
+        b_halves = []
+        for w in range(4):
+            b_halves.extend(_decode_b_word(b[4 * u + w], hw_e2m1))
+        sb0, sb1 = _e4m3x2_to_f32(sfb[u])
+        sb0, sb1 = sb0 * a_factor, sb1 * a_factor
+        for r in range(rows):
+            words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
+            sa0, sa1 = _e4m3x2_to_f32(sfa[r * unroll + u])
+            d0 = _block_dot(words[0:2], b_halves[0:8], hw_e2m1)
+            d1 = _block_dot(words[2:4], b_halves[8:16], hw_e2m1)
+            acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
+
+
+def _touch(values, rows: int, acc):
+    """Consume the loaded words with one XOR each, so the loads stay but the math is gone."""
+    x = Int32(0)
+    for buf in values:
+        for v in buf:
+            x = x ^ Int32(v)
+    for r in range(rows):
+        acc[r] = acc[r] + Float32(x)
+
+
+class _RowGroup:
+    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales.
+
+    Scales come from the plain [rows, K/16] layout (a lane's 2 scales sit next to its
+    neighbours', so a warp's scale load is 64 contiguous bytes) or from the permuted
+    tensor-core layout (2 bytes in each of 16 different 512-byte atoms per warp load).
+    """
+
+    def __init__(self, a, b, sfa, sfb, group, rows: int, permuted: bool):
+        m_rows, kh = a.shape[0], a.shape[1]
+        row = group * rows  # flat row index over (L, M)
+        self.batch = row // m_rows
+        self.m0 = row - self.batch * m_rows
+        self.permuted = permuted
+        self.b_row = b.iterator + Int64(self.batch) * Int64(128 * kh)
+        self.a_rows = [a.iterator + Int64(row + r) * Int64(kh) for r in range(rows)]
+        if permuted:
+            rest_k, rest_m = kh // 32, m_rows // 128  # 4 scale columns (64 codes) per atom
+            atoms = Int64(rest_k * _SCALE_ATOM_BYTES)
+            self.sfb_row = sfb.iterator + Int64(self.batch) * atoms
+            tile = sfa.iterator + Int64(self.batch * rest_m + self.m0 // 128) * atoms
+            self.sfa_rows = [tile + ((self.m0 + r) % 32) * 16 + (((self.m0 + r) % 128) // 32) * 4 for r in range(rows)]
+        else:
+            self.sfb_row = sfb.iterator + Int64(self.batch) * Int64(128 * (kh // 8))
+            self.sfa_rows = [sfa.iterator + Int64(row + r) * Int64(kh // 8) for r in range(rows)]
+
+    def scale_offset(self, chunk):
+        """Byte offset of the 2 scales of a 16-byte chunk, from the start of a row's scales."""
+        return (chunk // 2) * _SCALE_ATOM_BYTES + (chunk % 2) * 2 if self.permuted else chunk * 2
+
+
+def _fast_kernel_factory(cfg: FastConfig, hw_e2m1: bool):
+    R, W, U = cfg.rows_per_warp, cfg.warps_per_block, cfg.unroll
+    P = cfg.permuted_scales
+
+    @cute.kernel
+    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
+        """Each warp walks its row groups (grid-stride) one step at a time, and loads step
+        t + 1 before it computes step t, so a warp always has a step of loads in flight."""
+        tidx = cute.arch.thread_idx()[0]
+        lane = tidx % 32
+        n_chunks = a.shape[1] // 16
+        steps_per_group = (n_chunks + 32 * U - 1) // (32 * U)
+        n_groups = a.shape[0] * a.shape[2] // R
+        first = cute.arch.block_idx()[0] * W + tidx // 32
+        stride = cute.arch.grid_dim()[0] * W
+        n_steps = Int32(0)
+        if first < n_groups:
+            n_steps = ((n_groups - first + stride - 1) // stride) * steps_per_group
+
+        acc = cute.make_rmem_tensor((R,), Float32)
+        for r in cutlass.range_constexpr(R):
+            acc[r] = Float32(0.0)
+        stage = _make_staging(R, U)
+        group_id = first
+        step = Int32(0)
+        _stage_loads(stage, _RowGroup(a, b, sfa, sfb, group_id, R, P), lane, n_chunks, n_steps > 0, R, U, cfg.a_load)
+        for t in range(n_steps):
+            values = _stage_snapshot(stage)
+            next_group, next_step = group_id, step + 1
+            if next_step == steps_per_group:
+                next_group, next_step = group_id + stride, Int32(0)
+            _stage_loads(stage, _RowGroup(a, b, sfa, sfb, next_group, R, P), next_step * 32 * U + lane, n_chunks,
+                         t + 1 < n_steps, R, U, cfg.a_load)
+            if cutlass.const_expr(cfg.compute):
+                _accumulate(values, R, U, acc, hw_e2m1)
+            else:
+                _touch(values, R, acc)
+            if next_step == 0:  # the row group is complete: reduce over the warp, write, reset
+                done = _RowGroup(a, b, sfa, sfb, group_id, R, P)
+                for r in cutlass.range_constexpr(R):
+                    total = cute.arch.warp_reduction_sum(acc[r])
+                    if lane == r:
+                        c[done.m0 + r, 0, done.batch] = total.to(Float16)
+                    acc[r] = Float32(0.0)
+            group_id, step = next_group, next_step
+
+    return kernel
+
+
+# --------------------------------------------------------------------------- naive kernel
+
+
+def _naive_kernel_factory(hw_e2m1: bool):
+    a_factor = 1.0 if hw_e2m1 else 16384.0
+
+    @cute.kernel
+    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
+        """One thread per (row, batch); 64-code K tiles; everything in fp32."""
+        m_rows = a.shape[0]
+        kh = a.shape[1]
+        rest_k = kh // 32
+        rest_m = m_rows // 128
+        row = cute.arch.block_idx()[0] * cute.arch.block_dim()[0] + cute.arch.thread_idx()[0]
+        if row < m_rows * a.shape[2]:
+            batch = row // m_rows
+            m = row - batch * m_rows
+            a_row = a.iterator + Int64(row) * Int64(kh)
+            b_row = b.iterator + Int64(batch) * Int64(128 * kh)
+            sfa_row = (
+                sfa.iterator
+                + Int64(batch * rest_m + m // 128) * Int64(rest_k * _SCALE_ATOM_BYTES)
+                + (m % 32) * 16
+                + ((m % 128) // 32) * 4
+            )
+            sfb_row = sfb.iterator + Int64(batch) * Int64(rest_k * _SCALE_ATOM_BYTES)
+            acc = Float32(0.0)
+            for tile in range(rest_k):  # 64 codes = 32 bytes = 4 scale blocks per tile
+                for blk in cutlass.range_constexpr(4):
+                    sa = _e4m3x2_to_f32(_ld_global_u16_if(sfa_row + tile * _SCALE_ATOM_BYTES + (blk // 2) * 2, 1))[blk % 2]
+                    sb = _e4m3x2_to_f32(_ld_global_u16_if(sfb_row + tile * _SCALE_ATOM_BYTES + (blk // 2) * 2, 1))[blk % 2]
+                    part = Float32(0.0)
+                    for w in cutlass.range_constexpr(2):
+                        off = tile * 32 + blk * 8 + w * 4
+                        aw = cute.arch.inline_ptx(
+                            "ld.global.u32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[a_row + off]
+                        )
+                        bw = cute.arch.inline_ptx(
+                            "ld.global.u32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[b_row + off]
+                        )
+                        ah = _decode_word_hw(aw) if hw_e2m1 else _decode_word_bitops(aw)
+                        bh = _decode_b_word(bw, hw_e2m1)
+                        for h in cutlass.range_constexpr(4):
+                            a_lo, a_hi = _half2_to_f32_pair(ah[h])
+                            b_lo, b_hi = _half2_to_f32_pair(bh[h])
+                            part = part + a_lo * b_lo + a_hi * b_hi
+                    acc = acc + part * (sa * sb * Float32(a_factor))
+            c[m, 0, batch] = acc.to(Float16)
+
+    return kernel
+
+
+def _half2_to_f32_pair(h2):
+    return cute.arch.inline_ptx(
+        "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
+        write_only_types=[Float32, Float32],
+        read_only_args=[h2],
+    )
+
+
+# --------------------------------------------------------------------------- compile & call
+
+
+def _gmem_tensor(dtype, address, shape, stride, align: int):
+    return cute.make_tensor(
+        cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align), cute.make_layout(shape, stride=stride)
+    )
+
+
+def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted_scales: bool):
+    """CuTe views of the inputs, from their addresses, K/2 and the output tensor c [M, 1, L].
+
+    The call passes plain integers (TVM-FFI converts those far faster than tensors) and
+    one tensor, c, from which the launch takes M, L, the device and the current stream.
+    The strides are the documented ones, which the caller validated once per input.
+    """
+    u8 = cutlass.Uint8
+    m, l = c.shape[0], c.shape[2]
+    a = _gmem_tensor(u8, a_ptr, (m, kh, l), (kh, 1, m * kh), 16)
+    b = _gmem_tensor(u8, b_ptr, (128, kh, l), (kh, 1, 128 * kh), 16)
+    kb = kh // 8  # scale bytes per row
+    if permuted_scales:
+        rest_m, rest_k = m // 128, kb // 4
+        atoms = rest_k * _SCALE_ATOM_BYTES
+        sfa = _gmem_tensor(u8, sfa_ptr, (32, 4, rest_m, 4, rest_k, l), (16, 4, atoms, 1, _SCALE_ATOM_BYTES, rest_m * atoms), 16)
+        sfb = _gmem_tensor(u8, sfb_ptr, (32, 4, 1, 4, rest_k, l), (16, 4, atoms, 1, _SCALE_ATOM_BYTES, atoms), 16)
+    else:
+        sfa = _gmem_tensor(u8, sfa_ptr, (m, kb, l), (kb, 1, m * kb), 4)
+        sfb = _gmem_tensor(u8, sfb_ptr, (128, kb, l), (kb, 1, 128 * kb), 4)
+    return a, b, sfa, sfb
+
+
+def _sm_count() -> int:
+    """Multiprocessors of this GPU; a B200's 148 when cross-compiling without one."""
+    return torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else 148
+
+
+def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig = FastConfig(), options: str = ""):
+    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
+
+    ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them).
+    """
+    if cute is None:
+        raise RuntimeError("CuTe DSL is not installed: pip install 'nvidia-cutlass-dsl==4.8.1'")
+    arch = arch or capabilities().cute_arch
+    if arch is None:
+        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    hw_e2m1 = int(arch.removeprefix("sm_").rstrip("af")) >= 100
+    if variant == "fast":
+        kernel = _fast_kernel_factory(cfg, hw_e2m1)
+        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
+        max_blocks = _sm_count() * cfg.blocks_per_sm
+    elif variant == "naive":
+        kernel = _naive_kernel_factory(hw_e2m1)
+        threads, rows_per_block = 128, 128
+        max_blocks = 1 << 30
+    else:
+        raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
+
+    permuted = cfg.permuted_scales or variant == "naive"
+
+    @cute.jit
+    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, kh: Int32, c: cute.Tensor, stream):
+        a, b, sfa, sfb = _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted)
+        n_blocks = cutlass.min((c.shape[0] * c.shape[2] + rows_per_block - 1) // rows_per_block, max_blocks)
+        kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
+
+    sym = cute.sym_int
+    m = sym()
+    c = make_fake_tensor(Float16, (m, 1, sym()), (1, sym(), m), assumed_align=2)  # [M, 1, L] of an (L, M, 1) buffer
+    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
+    return cute.compile(launch, *[Int64(0)] * 4, Int32(32), c, stream, options=f"--enable-tvm-ffi --gpu-arch {arch} {options}")
+
+
+def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> str:
+    """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return compile_gemv(variant, arch, cfg, options=f"--keep-ptx --dump-dir {tmp}").__ptx__
+
+
+@functools.cache
+def _compiled(variant: str, arch: str, cfg: FastConfig):
+    return compile_gemv(variant, arch, cfg)
+
+
+class CuteGemv:
+    """A compiled kernel bound to this GPU, called with the leaderboard tuple.
+
+    The per-call host path is kept to a dict lookup and one TVM-FFI call with integer
+    arguments: inputs are validated once per input tuple and their addresses remembered
+    with it (the cache holds the tuple, so its tensors stay alive and its id cannot be
+    reused while the entry lives; new values written into the same tensors are read).
+    """
+
+    _CACHE_ENTRIES = 4
+
+    def __init__(self, variant: str = "fast", cfg: FastConfig = FastConfig()):
+        caps = capabilities()
+        if not caps.cuda:
+            raise RuntimeError(f"the CuTe kernels need a CUDA GPU; this machine: {caps.summary()}")
+        self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
+        self.fn = _compiled(variant, self.arch, cfg)
+        self._prepared: dict[int, tuple] = {}
+
+    def _prepare(self, data):
+        entry = self._prepared.get(id(data))
+        if entry is not None and entry[0] is data:
+            return entry[1]
+        k = validate_gemv_input(data, device="cuda").k
+        a, b, sfa, sfb, sfa_p, sfb_p, c = data
+        if self.cfg.permuted_scales or self.variant == "naive":
+            sfa, sfb = sfa_p, sfb_p
+        args = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), k // 2, c)
+        if len(self._prepared) >= self._CACHE_ENTRIES:
+            self._prepared.pop(next(iter(self._prepared)))
+        self._prepared[id(data)] = (data, args)
+        return args
+
+    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+        args = self._prepare(data)
+        if stream is None:
+            self.fn(*args)
+        else:
+            with torch.cuda.stream(stream):
+                self.fn(*args)
+        return data[-1]
+
+
+@functools.cache
+def _runner(variant: str, cfg: FastConfig) -> CuteGemv:
+    return CuteGemv(variant, cfg)
+
+
+def gemv_cute(data, variant: str = "fast", cfg: FastConfig = FastConfig(), stream=None) -> torch.Tensor:
+    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c."""
+    return _runner(variant, cfg)(data, stream)

@@ -1,0 +1,114 @@
+"""What this machine can run, found by probing (never by guessing from a GPU name).
+
+Notebooks and tests branch on these facts: the real FP4 GEMM only exists on sm_100+,
+hardware E2M1 conversion likewise, and the CuTe DSL may or may not be installed.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import torch
+
+import nvfp4lib
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    cuda: bool
+    name: str
+    sm: tuple[int, int] | None
+    fp4_gemm: bool
+    cute_dsl: bool
+    cute_dsl_version: str | None
+    hw_e2m1: bool
+    cute_arch: str | None
+
+    def summary(self) -> str:
+        if not self.cuda:
+            gpu = "no CUDA GPU (CPU only)"
+        else:
+            gpu = f"{self.name} (sm_{self.sm[0]}{self.sm[1]})"
+        dsl = f"CuTe DSL {self.cute_dsl_version}" if self.cute_dsl else "no CuTe DSL"
+        return (f"{gpu}; FP4 GEMM: {'yes' if self.fp4_gemm else 'no'}; "
+                f"hardware E2M1: {'yes' if self.hw_e2m1 else 'no'}; {dsl}")
+
+
+def _probe_fp4_gemm() -> bool:
+    """Run one tiny FP4 torch._scaled_mm; cuBLAS refuses it below sm_100."""
+    try:
+        dev = "cuda"
+        a = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
+        b = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
+        scale = torch.ones(128 * 4, device=dev).to(torch.float8_e4m3fn)  # one 128x4 tile (K = 64)
+        torch._scaled_mm(a, b.t(), scale, scale, out_dtype=torch.float16)
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure means "not usable here"
+        return False
+
+
+def _probe_cute_dsl() -> str | None:
+    try:
+        import cutlass
+    except ImportError:
+        return None
+    return str(getattr(cutlass, "__version__", "unknown"))
+
+
+def _cute_arch(sm: tuple[int, int] | None) -> str | None:
+    if sm is None:
+        return None
+    return {(10, 0): "sm_100a", (9, 0): "sm_90a"}.get(sm, f"sm_{sm[0]}{sm[1]}")
+
+
+@functools.cache
+def capabilities() -> Capabilities:
+    cuda = torch.cuda.is_available()
+    sm = tuple(torch.cuda.get_device_capability()) if cuda else None
+    name = torch.cuda.get_device_name() if cuda else "cpu"
+    version = _probe_cute_dsl()
+    return Capabilities(
+        cuda=cuda, name=name, sm=sm,
+        fp4_gemm=bool(sm and sm[0] >= 10) and _probe_fp4_gemm(),
+        cute_dsl=version is not None, cute_dsl_version=version,
+        hw_e2m1=bool(sm and sm[0] >= 10),
+        cute_arch=_cute_arch(sm),
+    )
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+
+
+def environment_report() -> dict:
+    """Versions and hardware that a result depends on, for the top of every notebook."""
+    caps = capabilities()
+    return {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "cuda_runtime": torch.version.cuda,
+        "driver": _driver_version() if caps.cuda else None,
+        "gpu": caps.name if caps.cuda else None,
+        "sm": f"{caps.sm[0]}.{caps.sm[1]}" if caps.sm else None,
+        "fp4_gemm": caps.fp4_gemm,
+        "cute_dsl": caps.cute_dsl_version,
+        "cute_arch": caps.cute_arch,
+        "nvfp4lib": nvfp4lib.__version__,
+    }
+
+
+def print_environment() -> None:
+    for key, value in environment_report().items():
+        print(f"{key:>13}: {value}")
+    print(f"{'summary':>13}: {capabilities().summary()}")

@@ -1,0 +1,116 @@
+"""Capture a GEMV call into a CUDA graph once, then replay it: one launch for any number of kernels.
+
+A call that launches several kernels (a GEMM and a copy per batch, or a stream pool's forks
+and joins) pays the host cost of each launch every time. A CUDA graph records the whole
+sequence once and replays it with a single launch, which can only help when the host, not the
+GPU, is the bottleneck, as it is for short calls timed one at a time.
+
+A graph replays the exact kernels it recorded, with the exact pointers: it reads and writes the
+same memory every time. So a graph is valid for one set of tensors (their data pointers, shapes,
+strides and dtypes); values changed in place are picked up, new tensors need a new capture.
+`GraphedGemv` keeps a few graphs keyed that way and captures again when the key changes. Building
+the key costs a few microseconds of host time per call (seven tensors), part of its price.
+
+Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times
+on a side stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the
+kernels' own caches) happens outside the capture; the capture itself runs on that same side
+stream. A replay is queued on the caller's current stream, so it is ordered with the caller's
+work like any kernel. Nothing inside the function may synchronize with the host.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+
+CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the function directly"
+
+
+def graph_key(data) -> tuple:
+    """What a captured graph depends on: every tensor's data pointer, shape, stride and dtype."""
+    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in data)
+
+
+class GraphedGemv:
+    """``GraphedGemv(fn)(data)`` computes ``fn(data)`` by replaying a CUDA graph of it.
+
+    ``fn`` takes the 7-tuple, writes c and returns it (any GEMV here). The first call for a
+    given set of tensors warms ``fn`` up and captures it (slow: milliseconds, with a device
+    synchronize); later calls with the same tensors replay. Up to ``max_graphs`` graphs are kept,
+    each with its own memory pool for the temporaries ``fn`` allocates (the least recently used
+    is dropped). Without CUDA, or for inputs on the CPU, calls go straight to ``fn`` (`note`).
+    """
+
+    def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 4):
+        if warmup < 1:
+            raise ValueError(f"warmup: expected >= 1 (capture needs a warmed-up function), got {warmup}")
+        if max_graphs < 1:
+            raise ValueError(f"max_graphs: expected >= 1, got {max_graphs}")
+        self.fn = fn
+        self.warmup = warmup
+        self.max_graphs = max_graphs
+        self.captures = 0
+        self.replays = 0
+        self._graphs: OrderedDict = OrderedDict()  # graph_key -> (CUDAGraph, output)
+        self._streams: dict = {}  # device -> side stream for warm-up and capture
+
+    @property
+    def note(self) -> str:
+        if not torch.cuda.is_available():
+            return CPU_NOTE
+        return f"CUDA graphs: {len(self._graphs)} held, {self.captures} captures, {self.replays} replays"
+
+    def __call__(self, data):
+        if not data[0].is_cuda:
+            return self.fn(data)
+        key = graph_key(data)
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._capture(data, key)
+        else:
+            self._graphs.move_to_end(key)
+        entry[0].replay()  # on the current stream
+        self.replays += 1
+        return entry[1]
+
+    def capture(self, data) -> None:
+        """Capture (or capture again) a graph for these tensors without running it."""
+        if not data[0].is_cuda:
+            raise ValueError(f"data: CUDA graphs need tensors on a CUDA GPU, got {data[0].device}")
+        self._graphs.pop(graph_key(data), None)
+        self._capture(data, graph_key(data))
+
+    def clear(self) -> None:
+        """Drop every graph (after the GPU has finished replaying them) and its memory pool."""
+        if self._graphs and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self._graphs.clear()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def _side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
+
+    def _capture(self, data, key) -> tuple:
+        device = data[0].device
+        caller = torch.cuda.current_stream(device)
+        side = self._side_stream(device)
+        side.wait_stream(caller)  # the inputs may have just been written on the caller's stream
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self.fn(data)
+        caller.wait_stream(side)
+        while len(self._graphs) >= self.max_graphs:
+            torch.cuda.synchronize()  # a replay of the graph being dropped may still be running
+            self._graphs.popitem(last=False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph, stream=side):  # synchronizes first
+            out = self.fn(data)
+        self._graphs[key] = entry = (graph, out)
+        self.captures += 1
+        return entry

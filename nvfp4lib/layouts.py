@@ -1,0 +1,117 @@
+"""Scale-factor layouts: plain [MN, K/16, L], the "permuted" 6-D view, cuBLAS 128x4 blocked.
+
+Blackwell's block-scaled MMA reads scales in 512-byte atoms: 128 rows x 4 scale columns
+(64 K elements), byte (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4). The permuted 6-D
+tensor [32, 4, rest_m, 4, rest_k, L] is a view of exactly those bytes, and per batch they
+are the same bytes, in the same order, as cuBLAS's blocked buffer; hence the free views below.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nvfp4lib.validate import NVFP4InputError, strides_match
+
+ROWS_PER_TILE = 128
+COLS_PER_TILE = 4
+ATOM_BYTES = ROWS_PER_TILE * COLS_PER_TILE  # 512
+
+
+def scale_tile_counts(mn: int, k_blocks: int) -> tuple[int, int]:
+    """(rest_mn, rest_k): how many 128-row and 4-column tiles cover the scales."""
+    return -(-mn // ROWS_PER_TILE), -(-k_blocks // COLS_PER_TILE)
+
+
+def permuted_strides(rest_mn: int, rest_k: int, l: int) -> tuple[int, ...]:
+    """Strides of [32, 4, rest_mn, 4, rest_k, L] viewing a contiguous (L, rest_mn, rest_k, 32, 4, 4)."""
+    return (16, 4, rest_k * ATOM_BYTES, 1, ATOM_BYTES, rest_mn * rest_k * ATOM_BYTES)
+
+
+def _bytes(sf: torch.Tensor) -> torch.Tensor:
+    if sf.dtype == torch.float8_e4m3fn:
+        return sf.view(torch.uint8)
+    if sf.dtype == torch.uint8:
+        return sf
+    raise NVFP4InputError(f"sf: expected float8_e4m3fn or uint8 scales, got {sf.dtype}")
+
+
+def _tiles(sf_lmk: torch.Tensor) -> torch.Tensor:
+    """Plain (L, MN, KB) -> contiguous (L, rest_mn, rest_k, 32, 4, 4), zero padded."""
+    l, mn, kb = sf_lmk.shape
+    rest_mn, rest_k = scale_tile_counts(mn, kb)
+    padded = sf_lmk.new_zeros(l, rest_mn * ROWS_PER_TILE, rest_k * COLS_PER_TILE)
+    padded[:, :mn, :kb] = sf_lmk
+    # row i = (tile, i % 128 // 32, i % 32), column j = (tile, j % 4)
+    split = padded.view(l, rest_mn, 4, 32, rest_k, COLS_PER_TILE)
+    return split.permute(0, 1, 4, 3, 2, 5).contiguous()
+
+
+def _untile(tiles: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
+    """Contiguous (L, rest_mn, rest_k, 32, 4, 4) -> plain contiguous (L, MN, KB)."""
+    l, rest_mn, rest_k = tiles.shape[:3]
+    plain = tiles.permute(0, 1, 4, 3, 2, 5).reshape(l, rest_mn * ROWS_PER_TILE, rest_k * COLS_PER_TILE)
+    # clone (not .contiguous()) so that even size-1 dims get canonical strides
+    return plain[:, :mn, :k_blocks].clone(memory_format=torch.contiguous_format)
+
+
+def to_permuted(sf: torch.Tensor) -> torch.Tensor:
+    """Plain [MN, K/16, L] (or [MN, K/16] meaning L = 1) -> [32, 4, rest_mn, 4, rest_k, L]."""
+    if sf.dim() == 2:
+        sf = sf.unsqueeze(-1)
+    if sf.dim() != 3:
+        raise NVFP4InputError(f"sf: expected [MN, K/16, L] or [MN, K/16], got shape {tuple(sf.shape)}")
+    tiles = _tiles(_bytes(sf).permute(2, 0, 1))
+    return tiles.view(sf.dtype).permute(3, 4, 1, 5, 2, 0)
+
+
+def from_permuted(sfp: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
+    """[32, 4, rest_mn, 4, rest_k, L] -> plain [MN, K/16, L] (view of a contiguous (L, MN, K/16))."""
+    if sfp.dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
+        raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+    if tuple(sfp.shape[2:5:2]) != scale_tile_counts(mn, k_blocks):
+        raise NVFP4InputError(
+            f"sfp: expected rest_mn, rest_k = {scale_tile_counts(mn, k_blocks)} for mn={mn}, "
+            f"k_blocks={k_blocks}, got shape {tuple(sfp.shape)}")
+    tiles = _bytes(sfp).permute(5, 2, 4, 0, 1, 3)
+    return _untile(tiles, mn, k_blocks).view(sfp.dtype).permute(1, 2, 0)
+
+
+def to_blocked(sf2d: torch.Tensor) -> torch.Tensor:
+    """Plain [MN, K/16] -> flat cuBLAS 128x4 blocked buffer (what torch._scaled_mm takes)."""
+    if sf2d.dim() != 2:
+        raise NVFP4InputError(f"sf2d: expected [MN, K/16], got shape {tuple(sf2d.shape)}")
+    return _tiles(_bytes(sf2d).unsqueeze(0)).view(sf2d.dtype).view(-1)
+
+
+def from_blocked(flat: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
+    """Flat cuBLAS blocked buffer -> plain contiguous [MN, K/16]."""
+    rest_mn, rest_k = scale_tile_counts(mn, k_blocks)
+    if flat.dim() != 1 or flat.numel() != rest_mn * rest_k * ATOM_BYTES:
+        raise NVFP4InputError(
+            f"flat: expected 1-D with {rest_mn * rest_k * ATOM_BYTES} elements for mn={mn}, "
+            f"k_blocks={k_blocks}, got shape {tuple(flat.shape)}")
+    tiles = _bytes(flat).view(1, rest_mn, rest_k, 32, 4, COLS_PER_TILE)
+    return _untile(tiles, mn, k_blocks)[0].view(flat.dtype)
+
+
+def _check_permuted_storage(sfp: torch.Tensor) -> None:
+    if sfp.dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
+        raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+    rest_mn, rest_k, l = sfp.shape[2], sfp.shape[4], sfp.shape[5]
+    want = permuted_strides(rest_mn, rest_k, l)
+    if not strides_match(sfp, want):
+        raise NVFP4InputError(
+            f"sfp: expected strides {want} (a view of a contiguous (L, rest_mn, rest_k, 32, 4, 4) buffer), "
+            f"got {sfp.stride()}; build it with to_permuted() or generate_input()")
+
+
+def permuted_as_blocked_batches(sfp: torch.Tensor) -> torch.Tensor:
+    """[32, 4, rest_mn, 4, rest_k, L] -> [L, n] where row l is batch l's blocked buffer; no copy."""
+    _check_permuted_storage(sfp)
+    # .view (not .reshape) raises instead of copying if the storage were not as checked.
+    return sfp.permute(5, 2, 4, 0, 1, 3).view(sfp.shape[5], -1)
+
+
+def permuted_as_blocked(sfp: torch.Tensor, l: int) -> torch.Tensor:
+    """Batch l of the permuted scales as a flat cuBLAS blocked buffer; a view, no copy."""
+    return permuted_as_blocked_batches(sfp)[l]

@@ -1,0 +1,147 @@
+"""What a user would run instead of a custom NVFP4 GEMV kernel: the peers every path is measured against.
+
+Each takes the leaderboard 7-tuple, writes every element of c and returns it:
+
+* `eager_dequant_matmul`: decode A and B to float32 with their scales in plain PyTorch, one
+  matmul per batch. Simple and slow: it writes and re-reads a float32 copy of A, 8x A's bytes.
+* `compiled_dequant_reduce`: the same decode and a multiply-and-sum written as one function
+  under ``torch.compile``, so the decode fuses into the reduction and A is read once.
+* `prepare_bf16_weights` + `bf16_gemv`: the weights dequantized ahead of time to bf16, then only
+  a cuBLAS GEMV per call. The call is cheap to write but reads 4x the bytes of the NVFP4 data.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from nvfp4lib.formats import BLOCK_SIZE, NVFP4Tensor, decode_e2m1, decode_e4m3, dequantize_nvfp4, unpack_fp4
+
+
+# ------------------------------------------------------------------------------ eager
+
+
+def _dequantized(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """[rows, K/2] codes and [rows, K/16] scales of one batch -> float32 [rows, K]."""
+    return dequantize_nvfp4(NVFP4Tensor(codes, scales, 1.0))
+
+
+def eager_dequant_matmul(data) -> torch.Tensor:
+    """Per batch: A and the vector B[0] dequantized to float32, ``A @ B[0]``, cast to fp16 into c.
+
+    The products are exact in float32 (2 significant bits of E2M1 times 4 of E4M3), so the only
+    rounding is float32 accumulation and the final fp16 cast.
+    """
+    a, b, sfa, sfb, _, _, c = data
+    for l in range(a.shape[2]):
+        weights = _dequantized(a[:, :, l], sfa[:, :, l])
+        vector = _dequantized(b[0:1, :, l], sfb[0:1, :, l])
+        c[:, 0, l].copy_((weights @ vector.T)[:, 0])
+    return c
+
+
+# ------------------------------------------------------------------------------ torch.compile
+
+
+def _dequant_reduce_into(out: torch.Tensor, a: torch.Tensor, sfa: torch.Tensor, b: torch.Tensor,
+                         sfb: torch.Tensor) -> None:
+    """out[l, m] = sum_k A*sfa * B*sfb, from uint8 views [L, M, K/2], [L, M, K/16], [L, 1, K/2], [L, 1, K/16].
+
+    Written as decode, multiply and sum so that the compiler can fuse it into one pass over A;
+    the result is stored into `out` (a view of c) inside the compiled graph, so no extra copy.
+    """
+    def values(codes, scales):  # [L, rows, K/16, 16] float32
+        v = decode_e2m1(unpack_fp4(codes)).unflatten(-1, (-1, BLOCK_SIZE))
+        return v * decode_e4m3(scales).unsqueeze(-1)
+
+    products = values(a, sfa) * values(b, sfb)
+    out.copy_(products.sum(dim=(-2, -1)))
+
+
+_compiled = None
+compile_note: str | None = None
+"""None while `compiled_dequant_reduce` runs compiled; otherwise why it runs eagerly."""
+
+
+def _compiled_fn():
+    """The compiled function, built once per process (torch.compile keeps one graph per shape class)."""
+    global _compiled
+    if _compiled is None:
+        _compiled = torch.compile(_dequant_reduce_into)
+    return _compiled
+
+
+def compiled_dequant_reduce(data) -> torch.Tensor:
+    """`_dequant_reduce_into` under torch.compile, writing c; the first call per shape compiles.
+
+    On a CPU the compiler needs a working C++ toolchain; if compiling fails there, the function
+    runs eagerly from then on and says so in `compile_note` (and one warning). On a GPU a
+    compile failure is raised: a silent fallback would be timed as if it were compiled.
+    """
+    global compile_note
+    a, b, sfa, sfb, _, _, c = data
+    args = (c.permute(2, 0, 1)[:, :, 0],  # [L, M] view of c's (L, M, 1) storage
+            a.view(torch.uint8).permute(2, 0, 1), sfa.view(torch.uint8).permute(2, 0, 1),
+            b[0:1].view(torch.uint8).permute(2, 0, 1), sfb[0:1].view(torch.uint8).permute(2, 0, 1))
+    if compile_note is None:
+        try:
+            _compiled_fn()(*args)
+            return c
+        except Exception as e:  # noqa: BLE001 - any compiler failure; re-raised on a GPU
+            if c.is_cuda:
+                raise
+            compile_note = f"torch.compile failed on the CPU ({type(e).__name__}); running eagerly"
+            warnings.warn(compile_note, RuntimeWarning, stacklevel=2)
+    _dequant_reduce_into(*args)
+    return c
+
+
+# ------------------------------------------------------------------------------ bf16 weights
+
+
+@dataclass(frozen=True)
+class PreparedBF16:
+    """Weights and vector dequantized ahead of time: bf16 [L, M, K] and [L, K, 1]."""
+
+    weights: torch.Tensor
+    vector: torch.Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a call reads: 2 per weight, 4x the NVFP4 codes plus scales (4.5 bits per weight)."""
+        return self.weights.nbytes + self.vector.nbytes
+
+
+def prepare_bf16_weights(data) -> PreparedBF16:
+    """Dequantize A and B[0] of every batch to bf16, once (exact: each value has at most 6 significant bits)."""
+    a, b, sfa, sfb = data[:4]
+    weights = torch.stack([_dequantized(a[:, :, l], sfa[:, :, l]) for l in range(a.shape[2])])
+    vector = torch.stack([_dequantized(b[0:1, :, l], sfb[0:1, :, l]).T for l in range(a.shape[2])])
+    return PreparedBF16(weights.to(torch.bfloat16), vector.to(torch.bfloat16))
+
+
+def bf16_gemv(prepared: PreparedBF16, data) -> torch.Tensor:
+    """c = weights @ vector per batch: one batched cuBLAS GEMV, fp32 accumulate, cast into c.
+
+    The output is taken in float32 and then cast to fp16: a bf16 result (8 significant bits)
+    would be off by up to 2^-9 relative, beyond the 1e-3 tolerance. PyTorch's CPU build has no
+    bf16 -> fp32 matmul, so there the operands are widened first (same numbers, not timed on a GPU).
+    """
+    c = data[6]
+    w, x = prepared.weights, prepared.vector
+    if w.is_cuda:
+        out = torch.bmm(w, x, out_dtype=torch.float32)
+    else:
+        out = torch.bmm(w.float(), x.float())
+    c.permute(2, 0, 1).copy_(out)  # c's storage is (L, M, 1)
+    return c
+
+
+PEERS = {
+    "eager": "eager PyTorch dequantize + matmul",
+    "compiled": "torch.compile dequantize-and-reduce",
+    "bf16": "cuBLAS bf16 GEMV, weights dequantized ahead (4x bytes)",
+}
+"""Short names of the peers (as the benchmark suite calls them) and what each is."""

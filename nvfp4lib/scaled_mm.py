@@ -1,0 +1,405 @@
+"""The GEMV as a cuBLAS FP4 GEMM: ``torch._scaled_mm`` and ``torch.nn.functional.scaled_mm``.
+
+The leaderboard's reference pads the vector B to 128 rows and calls
+``torch._scaled_mm(a_l, b_l.T, scale_a, scale_b, out_dtype=float16)``, i.e. a block-scaled
+GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorch checks it:
+
+* operands ``float4_e2m1fn_x2`` (two E2M1 codes per byte, K/2 elements along K); ``mat1``
+  row-major [rows, K/2], ``mat2`` column-major [K/2, cols] (the ``.T`` of a row-major tensor);
+  ``mat1``'s K/2 and both dimensions of ``mat2`` must be multiples of 16 (so one column, N = 1,
+  is refused: the vector is padded);
+* scales ``float8_e4m3fn``, one per 16 K elements, each passed as a contiguous tensor of exactly
+  round_up(rows, 128) * round_up(K/16, 4) elements in cuBLAS's 128x4 blocked layout (this is
+  the recipe "BlockWise1x16" with swizzle "SWIZZLE_32_4_4" of the functional API);
+* the output [rows(mat1), cols(mat2)] in the requested dtype, accumulated in fp32.
+
+Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED,
+and the CPU has no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the
+same operands and the same BLOCKED scale buffers, so the layout code is tested everywhere.
+Which path ran is recorded in `last_path`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import OrderedDict
+
+import torch
+
+from nvfp4lib.device import capabilities
+from nvfp4lib.formats import BLOCK_SIZE, decode_e2m1, decode_e4m3, fp4_bytes, unpack_fp4
+from nvfp4lib.layouts import (from_blocked, permuted_as_blocked_batches, scale_tile_counts,
+                              to_blocked, to_permuted)
+from nvfp4lib.validate import NVFP4InputError, validate_gemv_input
+
+HARDWARE_PATH = "cublas-fp4"
+OUT_DTYPE = torch.float16
+
+last_path: str | None = None
+"""What the most recent call ran: HARDWARE_PATH, or "emulated (...)" saying why."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Which path, and the emulation
+
+
+def describe_path(device=None) -> str:
+    """The path a call with data on `device` (default: cuda if present, else cpu) takes, in words."""
+    device = torch.device(device if device is not None else
+                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    caps = capabilities()
+    if device.type == "cuda" and caps.fp4_gemm:
+        return HARDWARE_PATH
+    if device.type != "cuda" and caps.fp4_gemm:
+        return "emulated (the inputs are on the CPU)"
+    return f"emulated (no FP4 GEMM on this device: {caps.summary()})"
+
+
+def _use_hardware(device: torch.device) -> bool:
+    global last_path
+    last_path = describe_path(device)
+    return last_path == HARDWARE_PATH
+
+
+def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
+    """The checks torch._scaled_mm makes for FP4 x FP4 (plus cuBLAS's row x column-major rule)."""
+    for name, t in (("mat1", mat1), ("mat2", mat2)):
+        if t.dtype != torch.float4_e2m1fn_x2 or t.dim() != 2:
+            raise NVFP4InputError(f"{name}: expected a 2-D float4_e2m1fn_x2 matrix, "
+                                  f"got {t.dtype} of shape {tuple(t.shape)}")
+    if mat1.shape[1] != mat2.shape[0]:
+        raise NVFP4InputError(f"mat1, mat2: shapes cannot be multiplied "
+                              f"({tuple(mat1.shape)} and {tuple(mat2.shape)})")
+    if mat1.shape[1] % 16 or mat2.shape[1] % 16:
+        raise NVFP4InputError(f"mat1, mat2: K/2 and the columns of mat2 must be multiples of 16, "
+                              f"got {tuple(mat1.shape)} and {tuple(mat2.shape)}")
+    if mat1.stride(1) != 1 or mat2.stride(0) != 1:
+        raise NVFP4InputError(f"mat1, mat2: expected row-major mat1 and column-major mat2 (cuBLAS "
+                              f"FP4 is 'TN'), got strides {mat1.stride()} and {mat2.stride()}")
+    k_blocks = 2 * mat1.shape[1] // BLOCK_SIZE
+    for name, s, rows in (("scale_a", scale1, mat1.shape[0]), ("scale_b", scale2, mat2.shape[1])):
+        rest_mn, rest_k = scale_tile_counts(rows, k_blocks)
+        want = rest_mn * 128 * rest_k * 4
+        if s.dtype != torch.float8_e4m3fn or s.numel() != want or not s.is_contiguous():
+            raise NVFP4InputError(
+                f"{name}: expected a contiguous float8_e4m3fn blocked buffer of {want} elements "
+                f"(round_up({rows}, 128) * round_up({k_blocks}, 4)), got {s.dtype} of shape "
+                f"{tuple(s.shape)}, contiguous={s.is_contiguous()}")
+
+
+_byte_tables: dict = {}
+
+
+def _byte_table(device: torch.device) -> torch.Tensor:
+    """[256, 2] float32: the two decoded values (low nibble first) of every packed byte."""
+    if device not in _byte_tables:
+        every_byte = torch.arange(256, dtype=torch.uint8, device=device)
+        _byte_tables[device] = decode_e2m1(unpack_fp4(every_byte)).view(256, 2)
+    return _byte_tables[device]
+
+
+def _dequantize(codes_rows: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
+    """[rows, K/2] FP4 codes + their BLOCKED scale buffer -> float32 [rows, K]."""
+    rows, half_k = codes_rows.shape
+    k_blocks = 2 * half_k // BLOCK_SIZE
+    scales = decode_e4m3(from_blocked(blocked.reshape(-1), rows, k_blocks))  # [rows, K/16]
+    # One lookup per byte (two values) is the same decode as unpack_fp4 + decode_e2m1, 2-3x faster.
+    byte_index = fp4_bytes(codes_rows).reshape(-1).int()
+    values = _byte_table(codes_rows.device).index_select(0, byte_index).view(rows, k_blocks, BLOCK_SIZE)
+    return (values * scales.unsqueeze(-1)).view(rows, 2 * half_k)
+
+
+def emulated_scaled_mm_fp4(a_codes: torch.Tensor, b_codes: torch.Tensor,
+                           scale_a_blocked: torch.Tensor, scale_b_blocked: torch.Tensor,
+                           out_dtype: torch.dtype = OUT_DTYPE) -> torch.Tensor:
+    """What ``torch._scaled_mm(a_codes, b_codes, scale_a_blocked, scale_b_blocked,
+    out_dtype=out_dtype)`` computes for FP4 operands, on any device.
+
+    It takes the same arguments with the same checks (a_codes row-major [M, K/2], b_codes
+    column-major [K/2, N], flat blocked scale buffers) and decodes the scales from the blocked
+    buffer, so a wrong layout gives wrong numbers here as it would on the GPU. The dequantized
+    operands (2 significant bits times 4) are exact in fp32, and even in TF32; the products
+    are summed in fp32 and rounded once to `out_dtype`, as cuBLAS does.
+    """
+    _check_scaled_mm_args(a_codes, b_codes, scale_a_blocked, scale_b_blocked)
+    a = _dequantize(a_codes, scale_a_blocked)
+    b = _dequantize(b_codes.T, scale_b_blocked)
+    return (a @ b.T).to(out_dtype)
+
+
+def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool) -> torch.Tensor:
+    if hardware:
+        return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
+    return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
+
+
+def _validate(data):
+    try:
+        return validate_gemv_input(data)
+    except NVFP4InputError as e:
+        raise NVFP4InputError(f"scaled_mm GEMV input: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants 1 and 2: the reference's orientation, two sources of blocked scales
+
+
+def gemv_scaled_mm_reference(data) -> torch.Tensor:
+    """The leaderboard reference: per batch, ``A @ B_padded.T`` -> [M, 128], keep column 0.
+
+    The plain scales sfa[:, :, l], sfb[:, :, l] are rearranged into the blocked layout with
+    `to_blocked` on every call: a zero-padded copy plus a permuting copy per batch and operand,
+    i.e. extra kernels and an extra read + write of all the A scales (1/8 of A's bytes).
+    It is the baseline the other variants save against.
+    """
+    _validate(data)
+    a, b, sfa, sfb, _, _, c = data
+    hardware = _use_hardware(a.device)
+    for l in range(a.shape[2]):
+        out = _scaled_mm(a[:, :, l], b[:, :, l].T, to_blocked(sfa[:, :, l]), to_blocked(sfb[:, :, l]),
+                         hardware)
+        c[:, 0, l].copy_(out[:, 0])
+    return c
+
+
+def gemv_scaled_mm_permuted(data) -> torch.Tensor:
+    """As `gemv_scaled_mm_reference`, but the scales are per-batch views of sfa_permuted /
+    sfb_permuted.
+
+    Batch l of the permuted tensor is stored as exactly the bytes of the blocked buffer, so
+    `permuted_as_blocked(sfa_permuted, l)` is a view: the conversion kernels and their traffic
+    disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
+    this reason.
+    """
+    _validate(data)
+    a, b, _, _, sfa_p, sfb_p, c = data
+    hardware = _use_hardware(a.device)
+    # Row l of these [L, n] views is permuted_as_blocked(sf_p, l); building them once saves host time.
+    blocked_a, blocked_b = permuted_as_blocked_batches(sfa_p), permuted_as_blocked_batches(sfb_p)
+    for l in range(a.shape[2]):
+        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware)
+        c[:, 0, l].copy_(out[:, 0])
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant 3: transposed GEMM, batched + cached scale conversion, optional streams
+
+
+class BlockedScaleCache:
+    """Blocked scales [L, n] of recently seen plain scale tensors, so repeated calls on the
+    same data skip the conversion.
+
+    An entry is keyed by what identifies the memory and its view (data_ptr, shape, stride,
+    dtype, device) and is valid only while the tensor's ``_version`` is unchanged (every
+    in-place write through any view bumps it) and the tensor it was made from is alive (a
+    weak reference: a freed tensor's address may be reused by new data). Writes that bypass
+    PyTorch (a kernel writing through a raw pointer) are invisible: call `clear()` after those.
+    On CUDA an entry remembers the stream that produced it and an event after the conversion;
+    a hit on another stream waits for that event, so a cached buffer is never read early.
+    """
+
+    def __init__(self, max_entries: int = 8):
+        self.max_entries = max_entries
+        self._entries: OrderedDict = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def _key(sf: torch.Tensor):
+        return (sf.data_ptr(), tuple(sf.shape), sf.stride(), sf.dtype, sf.device)
+
+    def get(self, sf: torch.Tensor) -> torch.Tensor | None:
+        key = self._key(sf)
+        entry = self._entries.get(key)
+        if entry is not None:
+            version, ref, blocked, stream, ready = entry
+            if version == sf._version and ref() is not None:
+                self._entries.move_to_end(key)
+                self.hits += 1
+                if stream is not None and torch.cuda.current_stream(blocked.device) != stream:
+                    current = torch.cuda.current_stream(blocked.device)
+                    current.wait_event(ready)
+                    blocked.record_stream(current)  # keep the memory until this stream is done
+                return blocked
+            del self._entries[key]
+        self.misses += 1
+        return None
+
+    def put(self, sf: torch.Tensor, blocked: torch.Tensor) -> None:
+        """Remember `blocked`, converted on the current stream (where it is complete)."""
+        stream = ready = None
+        if blocked.is_cuda:
+            stream = torch.cuda.current_stream(blocked.device)
+            ready = stream.record_event()
+        self._entries[self._key(sf)] = (sf._version, weakref.ref(sf), blocked, stream, ready)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+scale_cache = BlockedScaleCache()
+_side_streams: dict = {}
+_stream_pools: dict = {}
+
+
+def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
+    """Plain [MN, K/16, L] -> [L, n] blocked buffers of all batches, in one conversion."""
+    return permuted_as_blocked_batches(to_permuted(sf))
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _side_streams:
+        _side_streams[index] = torch.cuda.Stream(device=index)
+    return _side_streams[index]
+
+
+def _stream_pool(device: torch.device, size: int) -> list:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    pool = _stream_pools.setdefault(index, [])
+    while len(pool) < size:
+        pool.append(torch.cuda.Stream(device=index))
+    return pool[:size]
+
+
+def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *, cache: bool = True,
+                   side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blocked [L, n] scales of A and B, as the transposed variant gets them: from `scale_cache`,
+    or converted all batches at once (A's on a side CUDA stream if `side_stream`)."""
+    got_a = scale_cache.get(sfa) if cache else None
+    got_b = scale_cache.get(sfb) if cache else None
+    miss_a, miss_b = got_a is None, got_b is None
+    if miss_a and side_stream and sfa.is_cuda:
+        caller, side = torch.cuda.current_stream(sfa.device), _side_stream(sfa.device)
+        side.wait_stream(caller)  # the scales may have just been written on the caller's stream
+        with torch.cuda.stream(side):
+            got_a = convert_scales_batched(sfa)
+        if miss_b:
+            got_b = convert_scales_batched(sfb)  # meanwhile, on the caller's stream
+        caller.wait_stream(side)
+        got_a.record_stream(caller)  # made on `side`, read on `caller`
+    else:
+        got_a = convert_scales_batched(sfa) if miss_a else got_a
+        got_b = convert_scales_batched(sfb) if miss_b else got_b
+    if cache and miss_a:
+        scale_cache.put(sfa, got_a)
+    if cache and miss_b:
+        scale_cache.put(sfb, got_b)
+    return got_a, got_b
+
+
+def gemv_scaled_mm_transposed(data, *, streams: int = 0, cache: bool = True,
+                              side_stream: bool = False) -> torch.Tensor:
+    """The same GEMM the other way round: ``B_padded @ A.T`` -> [128, M], keep row 0.
+
+    Saves, against `gemv_scaled_mm_reference`:
+    * the scale conversion: all L batches are converted at once (one set of kernels instead of
+      L per operand) and the result is cached (`scale_cache`), so repeated calls on unchanged
+      data convert nothing; an in-place change to sfa/sfb invalidates the entry. `cache=False`
+      converts every call; `side_stream=True` runs the A conversion on a second CUDA stream
+      while the B conversion runs on the caller's, so the two small conversions overlap.
+    * a strided gather: the wanted output is row 0 of a row-major [128, M] result, M
+      contiguous fp16 values, instead of column 0 of [M, 128] (a stride-128 read).
+    * possibly GEMM time: the large dimension M becomes the GEMM's N (the side whose tile width
+      is flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's
+      heuristics pick a faster kernel this way is measured, not assumed (notebook 03).
+
+    `streams=n > 0` launches batch l on stream l % n of a small pool (CUDA only; ignored on
+    the CPU), with events joining every pool stream back into the caller's current stream:
+    no device synchronize, and work queued afterwards on the caller's stream sees c written.
+    """
+    if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
+        raise NVFP4InputError(f"streams: expected an int >= 0 (0 = the caller's stream), got {streams!r}")
+    _validate(data)
+    a, b, sfa, sfb, _, _, c = data
+    hardware = _use_hardware(a.device)
+    blocked_a, blocked_b = blocked_scales(sfa, sfb, cache=cache, side_stream=side_stream)
+
+    def one_batch(l: int) -> None:
+        out = _scaled_mm(b[:, :, l], a[:, :, l].T, blocked_b[l], blocked_a[l], hardware)
+        c[:, 0, l].copy_(out[0])
+
+    n_batches = a.shape[2]
+    if streams == 0 or not a.is_cuda:
+        for l in range(n_batches):
+            one_batch(l)
+        return c
+
+    caller = torch.cuda.current_stream(a.device)
+    pool = _stream_pool(a.device, min(streams, n_batches))
+    for s in pool:
+        s.wait_stream(caller)  # inputs, scales and c are ready on the caller's stream
+    for l in range(n_batches):
+        with torch.cuda.stream(pool[l % len(pool)]):
+            one_batch(l)
+    for s in pool:
+        caller.wait_stream(s)
+    return c
+
+
+# ---------------------------------------------------------------------------------------------
+# Variant 4: the public functional API
+
+_RECIPE_NAMES = ("BlockWise1x16", "Blockwise_1x16")
+_SWIZZLE_NAMES = ("SWIZZLE_32_4_4", "Swizzle_32_4_4")
+
+
+def _functional_api():
+    """(scaled_mm, BlockWise1x16, SWIZZLE_32_4_4) from torch.nn.functional, or None if absent."""
+    f = torch.nn.functional
+    fn, scaling, swizzle = (getattr(f, n, None) for n in ("scaled_mm", "ScalingType", "SwizzleType"))
+    if fn is None or scaling is None or swizzle is None:
+        return None
+    recipe = next((getattr(scaling, n) for n in _RECIPE_NAMES if hasattr(scaling, n)), None)
+    swz = next((getattr(swizzle, n) for n in _SWIZZLE_NAMES if hasattr(swizzle, n)), None)
+    return None if recipe is None or swz is None else (fn, recipe, swz)
+
+
+def functional_unavailable_reason() -> str | None:
+    """Why `gemv_scaled_mm_functional` cannot run with this PyTorch, or None if it can."""
+    if _functional_api() is None:
+        return (f"torch.nn.functional.scaled_mm with ScalingType.BlockWise1x16 and "
+                f"SwizzleType.SWIZZLE_32_4_4 is not available in PyTorch {torch.__version__}")
+    return None
+
+
+def gemv_scaled_mm_functional(data) -> torch.Tensor:
+    """`gemv_scaled_mm_permuted` through the public ``torch.nn.functional.scaled_mm``.
+
+    The recipe is named instead of inferred from dtypes and sizes (BlockWise1x16 scales in the
+    SWIZZLE_32_4_4 = 128x4 blocked layout), so a wrong scale tensor is an error rather than
+    another scaling mode; it saves nothing at run time against the permuted variant.
+    Raises NotImplementedError when the installed PyTorch lacks the API.
+    """
+    reason = functional_unavailable_reason()
+    if reason is not None:
+        raise NotImplementedError(reason)
+    fn, recipe, swizzle = _functional_api()
+    _validate(data)
+    a, b, _, _, sfa_p, sfb_p, c = data
+    hardware = _use_hardware(a.device)
+    blocked_a, blocked_b = permuted_as_blocked_batches(sfa_p), permuted_as_blocked_batches(sfb_p)
+    for l in range(a.shape[2]):
+        mat1, mat2, scale1, scale2 = a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l]
+        if hardware:
+            out = fn(mat1, mat2, scale1, recipe, scale2, recipe, swizzle_a=swizzle, swizzle_b=swizzle,
+                     output_dtype=OUT_DTYPE)
+        else:
+            out = emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
+        c[:, 0, l].copy_(out[:, 0])
+    return c
+
+
+VARIANTS = {
+    "reference": gemv_scaled_mm_reference,
+    "permuted": gemv_scaled_mm_permuted,
+    "transposed": gemv_scaled_mm_transposed,
+    "functional": gemv_scaled_mm_functional,
+}

@@ -1,0 +1,563 @@
+"""One-file leaderboard submissions, exported from nvfp4lib's own source.
+
+The leaderboard takes a single Python file that defines ``custom_kernel(data)``; nothing of this
+package is installed there. ``python -m nvfp4lib.submission --path hybrid --out submission.py``
+writes such a file for one kernel path. Its code is not a hand-kept copy: starting from the path's
+entry function, the exporter follows every module-level name the code uses (through
+``from nvfp4lib.x import y``, relative and function-local imports included), takes the defining
+statements' source from the package as it is now, and lays them out module by module in import
+order, with the third-party imports at the top. A name clash between modules, a name that cannot
+be found, or a reference to the package itself stops the export with an error that names it, and
+the finished file is checked to refer to no undefined name before it is written.
+
+The runtime entry points below (`cute_kernel`, `hybrid_kernel`) are inlined the same way; they
+build the kernel once, at import time, so that no timed call pays for probing or compiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import functools
+import importlib
+import importlib.util
+import inspect
+import symtable
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import nvfp4lib
+from nvfp4lib.cute_gemv import CuteGemv
+from nvfp4lib.device import capabilities
+from nvfp4lib.scaled_mm import (describe_path, gemv_scaled_mm_permuted, gemv_scaled_mm_reference,
+                                gemv_scaled_mm_transposed)
+
+PACKAGE = "nvfp4lib"
+DIRECTIVE = "#!POPCORN leaderboard nvfp4_gemv"
+TASK_IMPORT = "from task import input_t, output_t"
+STREAMS = 2  # CUDA streams of the transposed path: batches overlap, host cost stays small
+
+
+class ExportError(RuntimeError):
+    """The submission file cannot be built; the message says which name or path is at fault."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Runtime entry points (inlined into the files that use them)
+
+
+def cute_kernel(variant: str):
+    """(description, kernel): the CuTe DSL kernel `variant`, compiled now for this GPU.
+
+    Without CUDA there is nothing to compile for; the kernel returned then raises an error that
+    says so, rather than quietly running some other code under the CuTe path's name.
+    """
+    caps = capabilities()
+    if not caps.cuda:
+        def needs_cuda(data):
+            raise RuntimeError(f"the CuTe {variant!r} kernel needs a CUDA GPU; this machine: {caps.summary()}")
+        return f"unavailable: the CuTe {variant!r} kernel needs a CUDA GPU", needs_cuda
+    return f"CuTe DSL {variant!r} kernel for {caps.cute_arch}", CuteGemv(variant)
+
+
+def hybrid_kernel():
+    """(description, kernel): the best path this machine has, chosen once.
+
+    The CuTe fast kernel on a CUDA GPU with the CuTe DSL (one launch for all batches, no scale
+    conversion); else FP4 ``torch._scaled_mm`` on Blackwell; else the exact emulation of that GEMM,
+    which reads the same blocked scales and runs on any device.
+    """
+    caps = capabilities()
+    if caps.cuda and caps.cute_dsl:
+        try:
+            return f"CuTe DSL 'fast' kernel for {caps.cute_arch}", CuteGemv("fast")
+        except Exception as err:  # noqa: BLE001 - e.g. a GPU the kernel does not compile for
+            print(f"hybrid: CuTe kernel unavailable ({type(err).__name__}: {err}); "
+                  "using torch._scaled_mm", file=sys.stderr)
+    if caps.fp4_gemm:
+        kernel = functools.partial(gemv_scaled_mm_transposed, streams=STREAMS)
+        return f"torch._scaled_mm, transposed, {STREAMS} streams ({describe_path('cuda')})", kernel
+    device = "cuda" if caps.cuda else "cpu"
+    return f"torch._scaled_mm layout, permuted scales: {describe_path(device)}", gemv_scaled_mm_permuted
+
+
+# ---------------------------------------------------------------------------------------------
+# The paths
+
+
+@dataclass(frozen=True)
+class ExportPath:
+    """What `custom_kernel` runs: ``entry(data, **kwargs)``, or with `factory`, the kernel that
+    ``entry(*args)`` returns as (description, kernel), built once at import time."""
+
+    entry: Callable
+    summary: str
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    factory: bool = False
+    needs_cuda: bool = False
+
+
+PATHS = {
+    "scaled_mm_reference": ExportPath(
+        gemv_scaled_mm_reference,
+        "torch._scaled_mm per batch, as the leaderboard's reference: plain scales converted every call"),
+    "scaled_mm_permuted": ExportPath(
+        gemv_scaled_mm_permuted,
+        "torch._scaled_mm per batch on the permuted scales, which already are the blocked buffers"),
+    "scaled_mm_transposed": ExportPath(
+        gemv_scaled_mm_transposed,
+        f"torch._scaled_mm as B @ A.T, scales converted once and cached, batches on {STREAMS} CUDA streams",
+        kwargs={"streams": STREAMS}),
+    "cute_naive": ExportPath(
+        cute_kernel, "CuTe DSL naive kernel: one thread per row, compiled at import (needs a CUDA GPU)",
+        args=("naive",), factory=True, needs_cuda=True),
+    "cute_fast": ExportPath(
+        cute_kernel, "CuTe DSL fast kernel: warps stream rows with 128-bit loads, compiled at import "
+        "(needs a CUDA GPU)", args=("fast",), factory=True, needs_cuda=True),
+    "hybrid": ExportPath(
+        hybrid_kernel, "the best this machine has: CuTe fast kernel, else FP4 torch._scaled_mm, "
+        "else the exact emulation", factory=True),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Following names through the package
+
+
+def _is_package_module(name: str | None) -> bool:
+    return name is not None and (name == PACKAGE or name.startswith(PACKAGE + "."))
+
+
+def _package_target(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The nvfp4lib module an ImportFrom reads from (relative imports resolved), or None."""
+    if node.level:
+        parts = module.split(".")
+        base = parts[:len(parts) - node.level + is_package]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module if _is_package_module(node.module) else None
+
+
+def _bound_names(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement binds (not looking inside function or class bodies)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    names = set()
+    for node in ast.iter_child_nodes(stmt):
+        if isinstance(node, ast.stmt):
+            names |= _bound_names(node)
+        elif isinstance(node, ast.excepthandler):
+            names |= {node.name} if node.name else set()
+            for inner in node.body:
+                names |= _bound_names(inner)
+        else:
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return names
+
+
+def _global_references(source: str) -> set[str]:
+    """Module-level names that a piece of top-level code reads (in any nested scope)."""
+    found = set()
+
+    def walk(table):
+        for sym in table.get_symbols():
+            if (sym.is_referenced() if table.get_type() == "module" else sym.is_global()):
+                found.add(sym.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(symtable.symtable(source, "<inlined>", "exec"))
+    return found
+
+
+def _is_main_guard(stmt: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (a command line, never part of a submission)."""
+    test = getattr(stmt, "test", None)
+    return (isinstance(stmt, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def _is_import_block(stmt: ast.stmt) -> bool:
+    """A top-level try/if whose job is importing (e.g. an optional dependency with a fallback)."""
+    return isinstance(stmt, (ast.Try, ast.If)) and any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(stmt))
+
+
+class _Module:
+    """One nvfp4lib module's top level, indexed by the names it binds."""
+
+    def __init__(self, name: str):
+        self.name = name
+        module = importlib.import_module(name)
+        self.is_package = hasattr(module, "__path__")
+        self.file = name.replace(".", "/") + ("/__init__.py" if self.is_package else ".py")
+        self.source = inspect.getsource(module)
+        self.lines = self.source.splitlines()
+        tree = ast.parse(self.source)
+        self.docstring = ast.get_docstring(tree) or ""
+        self.body = tree.body
+        self.statements: dict[str, list[ast.stmt]] = {}  # code, and import blocks
+        self.imports: dict[str, str] = {}  # name -> import line of a third-party module
+        self.from_package: dict[str, tuple[str, str]] = {}  # name -> (nvfp4lib module, its name)
+        self.requires: list[str] = []  # nvfp4lib modules imported at top level (run before this)
+        for stmt in tree.body:
+            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
+                continue  # docstrings
+            if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
+                continue
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                self._index_import(stmt)
+                continue
+            if _is_main_guard(stmt):
+                continue
+            names = _bound_names(stmt)
+            if not names:
+                raise ExportError(f"{self.file}:{stmt.lineno}: a top-level statement that binds no name "
+                                  f"cannot be inlined (it would run only as a side effect); move it into a function")
+            for name in names:
+                self.statements.setdefault(name, []).append(stmt)
+
+    def _index_import(self, stmt: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                bound = (alias.asname or alias.name).split(".")[0]
+                if _is_package_module(alias.name):
+                    self.from_package[bound] = (PACKAGE, "")  # the package object itself
+                else:
+                    self.imports[bound] = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+            return
+        target = _package_target(self.name, self.is_package, stmt)
+        for alias in stmt.names:
+            bound = alias.asname or alias.name
+            if target is None:
+                self.imports[bound] = (stmt.module, alias.name, alias.asname)
+            else:
+                self.from_package[bound] = (target, alias.name)
+                if alias.asname and alias.asname != alias.name:
+                    raise ExportError(f"{self.file}:{stmt.lineno}: 'import {alias.name} as {alias.asname}' from "
+                                      f"{target}: renamed imports cannot be inlined; import the name as it is")
+        if target is not None and target not in self.requires:
+            self.requires.append(target)
+
+    def text(self, stmt: ast.stmt) -> tuple[str, list[tuple[str, str]]]:
+        """The statement's source (with its decorators, the comment lines right above it and an
+        attribute docstring right below), minus function-local nvfp4lib imports, which are
+        returned as (module, name) pairs to inline instead."""
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
+        while first > 1 and self.lines[first - 2].startswith("#"):
+            first -= 1
+        last = stmt.end_lineno
+        following = self.body.index(stmt) + 1
+        if (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and following < len(self.body)
+                and isinstance(self.body[following], ast.Expr)
+                and isinstance(self.body[following].value, ast.Constant)
+                and isinstance(self.body[following].value.value, str)):
+            last = self.body[following].end_lineno
+        lines = {n: self.lines[n - 1] for n in range(first, last + 1)}
+        needed = []
+        for parent in ast.walk(stmt):
+            for body in (getattr(parent, f, None) for f in ("body", "orelse", "finalbody")):
+                if not isinstance(body, list):
+                    continue
+                for node in body:
+                    if not isinstance(node, (ast.Import, ast.ImportFrom)) or node is stmt:
+                        continue
+                    target = (_package_target(self.name, self.is_package, node) if isinstance(node, ast.ImportFrom) else
+                              next((a.name for a in node.names if _is_package_module(a.name)), None))
+                    if target is None:
+                        continue  # a local import of an optional dependency stays where it is
+                    if isinstance(node, ast.Import) or any(a.asname for a in node.names):
+                        raise ExportError(f"{self.file}:{node.lineno}: only 'from {PACKAGE}.x import y' can be "
+                                          f"inlined from inside a function")
+                    needed += [(target, a.name) for a in node.names]
+                    for n in range(node.lineno, node.end_lineno + 1):
+                        lines.pop(n, None)
+                    if len(body) == 1:  # the import was the whole block: keep it a valid block
+                        lines[node.lineno] = " " * node.col_offset + "pass"
+        return "\n".join(lines[n] for n in sorted(lines)), needed
+
+
+@dataclass
+class _Collected:
+    modules: dict[str, _Module] = field(default_factory=dict)
+    statements: dict[str, dict[int, ast.stmt]] = field(default_factory=dict)  # module -> {id: stmt}
+    texts: dict[int, str] = field(default_factory=dict)
+    imports: dict[str, object] = field(default_factory=dict)  # bound name -> import
+    owner: dict[str, tuple] = field(default_factory=dict)  # bound name -> who defines it
+
+
+class _Inliner:
+    """Collects the statements a set of nvfp4lib objects needs, following names transitively."""
+
+    def __init__(self):
+        self.c = _Collected()
+        self._done: set[tuple[str, str]] = set()
+
+    def module(self, name: str) -> _Module:
+        if name not in self.c.modules:
+            try:
+                self.c.modules[name] = _Module(name)
+            except ImportError as err:
+                raise ExportError(f"cannot inline from {name}: {err}") from err
+        return self.c.modules[name]
+
+    def _claim(self, name: str, owner: tuple, where: str) -> None:
+        previous = self.c.owner.setdefault(name, owner)
+        if previous != owner:
+            raise ExportError(f"name clash: {name!r} is defined by {_describe(previous)} and by {_describe(owner)} "
+                              f"(needed by {where}); one file has one namespace, so rename one of them")
+
+    def need(self, module_name: str, name: str, where: str) -> None:
+        if (module_name, name) in self._done:
+            return
+        self._done.add((module_name, name))
+        mod = self.module(module_name)
+        if name in mod.from_package:
+            target, original = mod.from_package[name]
+            if not original or (self.module(target).is_package
+                                and importlib.util.find_spec(f"{target}.{original}") is not None):
+                what = f"the {PACKAGE} package" if not original else f"the module {target}.{original}"
+                raise ExportError(f"{mod.file}: {where} uses {name!r}, {what} itself; only names imported "
+                                  f"from a module (from {PACKAGE}.x import y) can be inlined")
+            self.need(target, original, f"{module_name}.{name}")
+        elif name in mod.statements:
+            for stmt in mod.statements[name]:
+                self._take(mod, stmt, name)
+        elif name in mod.imports:
+            self._claim(name, ("import", mod.imports[name]), where)
+            self.c.imports[name] = mod.imports[name]
+        elif hasattr(builtins, name):
+            return
+        else:
+            raise ExportError(f"{mod.file}: {where} uses {name!r}, which {module_name} does not define or import "
+                              f"at module level")
+
+    def _take(self, mod: _Module, stmt: ast.stmt, name: str) -> None:
+        kind = "import block" if _is_import_block(stmt) else "code"
+        for bound in _bound_names(stmt):
+            self._claim(bound, (kind, mod.name, stmt.lineno, mod.file), f"{mod.name}.{name}")
+        taken = self.c.statements.setdefault(mod.name, {})
+        if id(stmt) in taken:
+            return
+        taken[id(stmt)] = stmt
+        text, local_imports = mod.text(stmt)
+        self.c.texts[id(stmt)] = text
+        label = f"{mod.name}.{name}"
+        for target, original in local_imports:
+            self.need(self.module(target).name, original, label)
+        provided = _bound_names(stmt) | {original for _, original in local_imports}
+        for ref in sorted(_global_references(text) - provided):
+            self.need(mod.name, ref, label)
+
+
+def _describe(owner: tuple) -> str:
+    if owner[1] == "<generated>":
+        return owner[3]
+    if owner[0] == "import":
+        return f"an import ({_import_line(owner[1])})"
+    return f"{owner[3]} line {owner[2]}"
+
+
+def _import_line(item) -> str:
+    if isinstance(item, str):
+        return item
+    module, name, asname = item
+    return f"from {module} import {name}" + (f" as {asname}" if asname else "")
+
+
+def _module_order(c: _Collected) -> list[str]:
+    """Modules with the ones they import at top level first, as Python would run them: sorted by
+    the length of their longest chain of top-level imports, then by name."""
+    depth: dict[str, int] = {}
+
+    def chain(name: str) -> int:
+        if name not in depth:
+            mod = c.modules.get(name)
+            depth[name] = 1 + max((chain(dep) for dep in (mod.requires if mod else ())), default=-1)
+        return depth[name]
+
+    return sorted(c.statements, key=lambda name: (chain(name), name))
+
+
+def _imports_section(c: _Collected) -> list[str]:
+    """Standard library, then third-party imports, then import blocks (optional dependencies)."""
+    plain, grouped, blocks = [], {}, []
+    for item in c.imports.values():
+        if isinstance(item, str):
+            plain.append(item)
+        else:
+            module, name, asname = item
+            grouped.setdefault(module, set()).add(name + (f" as {asname}" if asname else ""))
+    lines = sorted(set(plain)) + [f"from {m} import {', '.join(sorted(n))}" for m, n in grouped.items()]
+    stdlib = [line for line in lines if line.split()[1].split(".")[0] in sys.stdlib_module_names]
+    third_party = [line for line in lines if line not in stdlib]
+    for module_name in _module_order(c):
+        blocks += [c.texts[i] for i, stmt in c.statements[module_name].items() if _is_import_block(stmt)]
+    groups = [sorted(stdlib, key=_import_key), sorted(third_party, key=_import_key), *blocks]
+    return "\n\n".join("\n".join(g) if isinstance(g, list) else g for g in groups if g).splitlines()
+
+
+def _import_key(line: str) -> tuple:
+    return line.startswith("from "), line.split()[1]
+
+
+def _join(texts: list[tuple[ast.stmt, str]]) -> str:
+    """Statements in source order: simple ones one line apart, definitions two blank lines apart."""
+    out = ""
+    for i, (stmt, text) in enumerate(texts):
+        if i:
+            simple = not isinstance(stmt, _DEFINITIONS) and not isinstance(texts[i - 1][0], _DEFINITIONS)
+            out += "\n" if simple else "\n\n\n"
+        out += text
+    return out
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def inline_objects(objects: list, extra_names: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(imports, code): the source of nvfp4lib `objects` and of everything they use, module by
+    module in import order. `extra_names` are names the caller will define (clashes are errors)."""
+    inliner = _Inliner()
+    for name in extra_names:
+        inliner.c.owner[name] = ("code", "<generated>", 0, "the generated entry point")
+    for obj in objects:
+        module = getattr(obj, "__module__", None)
+        if not _is_package_module(module) or not hasattr(obj, "__name__"):
+            raise ExportError(f"{obj!r}: only functions and classes defined in {PACKAGE} can be inlined")
+        inliner.need(module, obj.__name__, "the entry point")
+    c = inliner.c
+    sections = []
+    for module_name in _module_order(c):
+        stmts = [s for s in c.statements[module_name].values() if not _is_import_block(s)]
+        if not stmts:
+            continue
+        mod = c.modules[module_name]
+        summary = mod.docstring.split("\n\n")[0].replace("\n", " ")
+        header = [f"# {'=' * 96}", f"# {mod.file}"]
+        header += [f"# {line}" for line in textwrap.wrap(summary, 94)] + [f"# {'=' * 96}"]
+        body = _join([(s, c.texts[id(s)]) for s in sorted(stmts, key=lambda s: s.lineno)])
+        sections.append("\n".join(header) + "\n\n" + body)
+    return "\n".join(_imports_section(c)), "\n\n\n".join(sections)
+
+
+# ---------------------------------------------------------------------------------------------
+# The file
+
+
+def _literal_call(name: str, args: tuple, kwargs: dict, first: str | None = None) -> str:
+    parts = ([first] if first else []) + [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+    return f"{name}({', '.join(parts)})"
+
+
+def _path(name: str) -> ExportPath:
+    if name not in PATHS:
+        raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(PATHS)}")
+    return PATHS[name]
+
+
+def export_source(path: str, *, streams: int | None = None) -> str:
+    """The text of a self-contained leaderboard file for `path` (see `PATHS`)."""
+    spec = _path(path)
+    kwargs = dict(spec.kwargs)
+    if streams is not None:
+        if "streams" not in kwargs:
+            raise ExportError(f"--streams applies only to paths that take streams, not to {path!r}")
+        kwargs["streams"] = streams
+    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "NEEDS_CUDA",
+                 "BACKEND", "KERNEL")
+    imports, code = inline_objects([spec.entry] + ([describe_path] if not spec.factory else []), generated)
+    needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
+    command = f"python -m nvfp4lib.submission --path {path}" + (f" --streams {streams}" if streams is not None else "")
+    header = [
+        DIRECTIVE,
+        f"# Batched NVFP4 GEMV (GPU MODE leaderboard 'nvfp4_gemv'), path {path!r}:",
+        *[f"#   {line}" for line in textwrap.wrap(spec.summary, 94)],
+        f"# Generated by nvfp4lib {nvfp4lib.__version__} with `{command}`.",
+        "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
+        f"# its file), then the generated entry point. It needs only {needs}.",
+    ]
+    if spec.factory:
+        setup = [f"BACKEND, KERNEL = {_literal_call(spec.entry.__name__, spec.args, {})}"
+                 "  # built once, at import time"]
+        call = "KERNEL(data)"
+    else:
+        setup = ["BACKEND = describe_path()  # probes the machine now, not inside the first timed call"]
+        call = _literal_call(spec.entry.__name__, spec.args, kwargs, first="data")
+    tail = [
+        f"# {'=' * 96}", "# The leaderboard entry point", f"# {'=' * 96}", "",
+        *setup, "", "",
+        "def custom_kernel(data: input_t) -> output_t:",
+        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0]: written into data[6] and returned ({path})."""',
+        f"    return {call}",
+    ]
+    source = "\n".join([
+        *header, "", "from __future__ import annotations", "", imports, "", TASK_IMPORT, "",
+        f"SUBMISSION_PATH = {path!r}", f"NVFP4LIB_VERSION = {nvfp4lib.__version__!r}",
+        f"NEEDS_CUDA = {spec.needs_cuda!r}  # True: custom_kernel raises on a machine without CUDA",
+        "", "", code, "", "", *tail, ""])
+    _check_self_contained(source, path)
+    return source
+
+
+def _check_self_contained(source: str, path: str) -> None:
+    """The generated file must compile, import nothing from nvfp4lib and leave no name undefined."""
+    try:
+        tree = ast.parse(source)
+        compile(tree, f"<{path}>", "exec")
+    except SyntaxError as err:
+        raise ExportError(f"the file generated for {path!r} does not compile: {err}") from err
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or _is_package_module(node.module)) or (
+                isinstance(node, ast.Import) and any(_is_package_module(a.name) for a in node.names)):
+            raise ExportError(f"the file generated for {path!r} still imports from {PACKAGE} (line {node.lineno})")
+    top = symtable.symtable(source, f"<{path}>", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    missing = sorted(_global_references(source) - defined - set(dir(builtins)))
+    if missing:
+        raise ExportError(f"the file generated for {path!r} uses undefined names: {', '.join(missing)}")
+
+
+def write_submission(path: str, out, *, streams: int | None = None) -> Path:
+    """Write the file for `path` to `out` (folders are created) and return where it went."""
+    source = export_source(path, streams=streams)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(source)
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.submission", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", help="which kernel path to export (see --list)")
+    parser.add_argument("--out", default="submission.py", help="file to write (default: submission.py)")
+    parser.add_argument("--streams", type=int, help=f"CUDA streams of scaled_mm_transposed (default {STREAMS})")
+    parser.add_argument("--list", action="store_true", help="list the paths and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        width = max(map(len, PATHS))
+        for name, spec in PATHS.items():
+            print(f"{name:<{width}}  {spec.summary}")
+        return 0
+    if not args.path:
+        parser.error(f"--path is required; one of: {', '.join(PATHS)}")
+    try:
+        out = write_submission(args.path, args.out, streams=args.streams)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({args.path}, {len(out.read_text().splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the package's module, not this __main__ copy: the exporter reads objects' home modules.
+    from nvfp4lib.submission import main as _main
+
+    sys.exit(_main())

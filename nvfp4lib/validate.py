@@ -1,0 +1,92 @@
+"""Input checks for the GEMV 7-tuple, so kernels that read raw pointers fail loudly.
+
+A kernel given a tensor with the right shape but the wrong strides silently computes
+garbage; these checks turn that into an error that names the argument.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMES = ("a", "b", "sfa", "sfb", "sfa_permuted", "sfb_permuted", "c")
+_DTYPES = {
+    "a": torch.float4_e2m1fn_x2, "b": torch.float4_e2m1fn_x2,
+    "sfa": torch.float8_e4m3fn, "sfb": torch.float8_e4m3fn,
+    "sfa_permuted": torch.float8_e4m3fn, "sfb_permuted": torch.float8_e4m3fn,
+    "c": torch.float16,
+}
+_RANKS = {"a": 3, "b": 3, "sfa": 3, "sfb": 3, "sfa_permuted": 6, "sfb_permuted": 6, "c": 3}
+B_ROWS = 128  # b and sfb are padded to 128 rows so that torch._scaled_mm accepts them
+
+
+class NVFP4InputError(ValueError):
+    """A GEMV or quantization input is not what the code expects (names the argument)."""
+
+
+def strides_match(t: torch.Tensor, expected: tuple[int, ...]) -> bool:
+    """Compare strides, ignoring size-1 dimensions (their stride never matters)."""
+    return all(size == 1 or got == want for size, got, want in zip(t.shape, t.stride(), expected))
+
+
+def plain_strides(rows: int, cols: int, l: int) -> tuple[int, int, int]:
+    """Strides of a [rows, cols, L] view of a contiguous (L, rows, cols) buffer."""
+    return (cols, 1, rows * cols)
+
+
+def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128):
+    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape."""
+    from nvfp4lib.layouts import permuted_strides, scale_tile_counts  # they import this module
+    from nvfp4lib.problem import Shape
+
+    if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
+        got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
+        raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")
+    t = dict(zip(NAMES, data))
+    for name, x in t.items():
+        if not isinstance(x, torch.Tensor):
+            raise NVFP4InputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dtype != _DTYPES[name]:
+            raise NVFP4InputError(f"{name}: expected dtype {_DTYPES[name]}, got {x.dtype}")
+        if x.dim() != _RANKS[name]:
+            raise NVFP4InputError(f"{name}: expected rank {_RANKS[name]}, got shape {tuple(x.shape)}")
+
+    m, half_k, l = t["a"].shape
+    k = 2 * half_k
+    if t["b"].shape[1] != half_k:
+        raise NVFP4InputError(f"b: expected K/2 = {half_k} (from a), got shape {tuple(t['b'].shape)}")
+    if t["b"].shape[2] != l:
+        raise NVFP4InputError(f"b: expected L = {l} (from a), got shape {tuple(t['b'].shape)}")
+    if k % 64:
+        raise NVFP4InputError(f"a: expected K a multiple of 64, got K = {k}")
+    if need_m_multiple and m % need_m_multiple:
+        raise NVFP4InputError(f"a: expected M a multiple of {need_m_multiple}, got M = {m}")
+    k_blocks = k // 16
+    rest_m, rest_k = scale_tile_counts(m, k_blocks)
+    shapes = {
+        "a": (m, half_k, l), "b": (B_ROWS, half_k, l),
+        "sfa": (m, k_blocks, l), "sfb": (B_ROWS, k_blocks, l),
+        "sfa_permuted": (32, 4, rest_m, 4, rest_k, l), "sfb_permuted": (32, 4, 1, 4, rest_k, l),
+        "c": (m, 1, l),
+    }
+    strides = {
+        "a": plain_strides(m, half_k, l), "b": plain_strides(B_ROWS, half_k, l),
+        "sfa": plain_strides(m, k_blocks, l), "sfb": plain_strides(B_ROWS, k_blocks, l),
+        "sfa_permuted": permuted_strides(rest_m, rest_k, l), "sfb_permuted": permuted_strides(1, rest_k, l),
+        "c": plain_strides(m, 1, l),
+    }
+    for name, x in t.items():
+        if tuple(x.shape) != shapes[name]:
+            raise NVFP4InputError(f"{name}: expected shape {shapes[name]}, got {tuple(x.shape)}")
+        if not strides_match(x, strides[name]):
+            raise NVFP4InputError(
+                f"{name}: expected strides {strides[name]} (the documented storage), got {x.stride()}")
+
+    devices = {name: x.device for name, x in t.items()}
+    if len(set(devices.values())) != 1:
+        raise NVFP4InputError(f"data: expected all tensors on one device, got {devices}")
+    if device is not None:
+        want = torch.device(device)
+        got = t["a"].device
+        if got.type != want.type or (want.index is not None and got.index != want.index):
+            raise NVFP4InputError(f"data: expected tensors on {want}, got {got}")
+    return Shape(m, k, l)

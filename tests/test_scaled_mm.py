@@ -1,0 +1,315 @@
+"""The torch._scaled_mm GEMV variants against the independent float64 reference.
+
+On machines without FP4 GEMM (CPU, Hopper) the variants run the emulation, which decodes the
+BLOCKED scale buffers exactly as cuBLAS reads them, so these tests check the layout code too.
+"""
+import functools
+import gc
+
+import pytest
+import torch
+
+from nvfp4lib import scaled_mm
+from nvfp4lib.formats import as_fp4x2, dequantize_nvfp4, fp4_bytes, quantize_nvfp4
+from nvfp4lib.layouts import permuted_as_blocked, to_blocked
+from nvfp4lib.problem import MODES, TEST_SHAPES, Shape, generate_input
+from nvfp4lib.reference import check, poison_, reference_gemv
+from nvfp4lib.validate import NVFP4InputError
+
+RTOL = ATOL = 1e-3
+VARIANTS = list(scaled_mm.VARIANTS)
+EXTRA_SHAPES = [Shape(256, 512, 3)]  # L = 3: more batches than a 2-stream pool
+
+
+def _skip_if_unavailable(variant: str) -> None:
+    if variant == "functional" and scaled_mm.functional_unavailable_reason():
+        pytest.skip(scaled_mm.functional_unavailable_reason())
+
+
+def _seed(shape: Shape, mode: str) -> int:
+    """A different, reproducible seed per case (str hashes change between runs)."""
+    return shape.m + 7 * shape.k + 31 * shape.l + MODES.index(mode)
+
+
+@functools.lru_cache(maxsize=None)
+def _case(shape: Shape, mode: str, device: str = "cpu"):
+    """Data and its reference, built once per (shape, mode): the float64 reference is the slow part."""
+    data = generate_input(*shape, seed=_seed(shape, mode), mode=mode, device=device)
+    return data, reference_gemv(data)
+
+
+def _assert_matches(out: torch.Tensor, expected: torch.Tensor) -> None:
+    assert not torch.isnan(out).any(), f"{int(torch.isnan(out).sum())} output elements left unwritten"
+    torch.testing.assert_close(out.float().cpu(), expected.cpu(), rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", TEST_SHAPES + EXTRA_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_variant_matches_reference(variant, shape, mode):
+    _skip_if_unavailable(variant)
+    data, expected = _case(shape, mode)
+    c = poison_(data[6])
+    out = scaled_mm.VARIANTS[variant](data)
+    assert out is c, "the result must be written into the given c"
+    _assert_matches(out, expected)
+    assert scaled_mm.last_path == scaled_mm.describe_path("cpu")
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_reference_check_agrees(variant):
+    """One end-to-end pass through reference.check, the checker every kernel uses."""
+    _skip_if_unavailable(variant)
+    data = generate_input(512, 1536, 2, seed=7)
+    poison_(data[6])
+    result = check(scaled_mm.VARIANTS[variant](data), data, rtol=RTOL, atol=ATOL)
+    assert result.ok, result.message
+
+
+def test_cpu_path_is_reported_as_emulated():
+    data, _ = _case(TEST_SHAPES[0], "full")
+    scaled_mm.gemv_scaled_mm_permuted(data)
+    assert scaled_mm.last_path.startswith("emulated (")
+    assert scaled_mm.describe_path("cpu").startswith("emulated (")
+
+
+@pytest.mark.parametrize("options", [dict(streams=2), dict(side_stream=True), dict(cache=False),
+                                     dict(streams=1, side_stream=True, cache=False)])
+def test_transposed_options_are_correct(options):
+    data, expected = _case(EXTRA_SHAPES[0], "full")
+    poison_(data[6])
+    _assert_matches(scaled_mm.gemv_scaled_mm_transposed(data, **options), expected)
+
+
+# --- the transposed variant's scale cache ----------------------------------------------------
+
+@pytest.fixture
+def fresh_cache():
+    scaled_mm.scale_cache.clear()
+    yield scaled_mm.scale_cache
+    scaled_mm.scale_cache.clear()
+
+
+def test_cache_hit_when_unchanged(fresh_cache):
+    data = generate_input(256, 512, 2, seed=3)
+    scaled_mm.gemv_scaled_mm_transposed(data)
+    assert (fresh_cache.hits, fresh_cache.misses) == (0, 2)  # sfa and sfb converted once
+    for _ in range(3):
+        poison_(data[6])
+        scaled_mm.gemv_scaled_mm_transposed(data)
+    assert (fresh_cache.hits, fresh_cache.misses) == (6, 2)
+    _assert_matches(data[6], reference_gemv(data))
+
+
+def test_cache_off_stores_nothing(fresh_cache):
+    data = generate_input(256, 512, 1, seed=3)
+    scaled_mm.gemv_scaled_mm_transposed(data, cache=False)
+    assert len(fresh_cache) == 0 and fresh_cache.hits == fresh_cache.misses == 0
+
+
+@pytest.mark.parametrize("which", ["sfa", "sfb"])
+def test_cache_invalidated_by_in_place_scale_change(fresh_cache, which):
+    data = generate_input(256, 512, 2, seed=4)
+    a, b, sfa, sfb, *_ = data
+    before = scaled_mm.gemv_scaled_mm_transposed(data).clone()
+    # Double the scales of one row of batch 1 (exact in E4M3: the largest drawn scale is 240).
+    sf = sfa if which == "sfa" else sfb
+    sf[0, :, 1] = (sf[0, :, 1].float() * 2).to(torch.float8_e4m3fn)
+    poison_(data[6])
+    after = scaled_mm.gemv_scaled_mm_transposed(data)
+    assert fresh_cache.misses == 3 and fresh_cache.hits == 1  # the changed tensor was converted again
+    _assert_matches(after, reference_gemv(data))
+    if which == "sfa":  # only row 0 of batch 1 changes, and it doubles
+        changed = torch.zeros_like(before, dtype=torch.bool)
+        changed[0, 0, 1] = True
+    else:  # b's row 0 is the vector: every output of batch 1 doubles
+        changed = torch.zeros_like(before, dtype=torch.bool)
+        changed[:, 0, 1] = True
+    assert torch.equal(after[changed], 2 * before[changed])
+    assert torch.equal(after[~changed], before[~changed])
+
+
+def test_cache_invalidated_by_byte_write_through_a_view(fresh_cache):
+    data = generate_input(256, 512, 1, seed=5)
+    scaled_mm.gemv_scaled_mm_transposed(data)
+    sfa_bytes = data[2].view(torch.uint8)  # a dtype view shares the version counter
+    sfa_bytes[5, 3, 0] = 0x40  # 2.0
+    poison_(data[6])
+    _assert_matches(scaled_mm.gemv_scaled_mm_transposed(data), reference_gemv(data))
+    assert fresh_cache.misses == 3
+
+
+def test_changed_a_is_seen(fresh_cache):
+    """A is never cached: an in-place change of a byte of A shows up in the next result."""
+    data = generate_input(256, 512, 1, seed=6)
+    before = scaled_mm.gemv_scaled_mm_transposed(data).clone()
+    a_bytes = fp4_bytes(data[0])
+    a_bytes[7, 0, 0] = a_bytes[7, 0, 0] ^ 0x88  # flip the sign of both codes in one byte
+    after = scaled_mm.gemv_scaled_mm_transposed(data)
+    _assert_matches(after, reference_gemv(data))
+    assert fresh_cache.hits == 2
+    assert torch.equal(after[8:], before[8:]) and torch.equal(after[:7], before[:7])
+
+
+def test_cache_ignores_entries_of_freed_tensors(fresh_cache):
+    """New data may land at the address of freed data with the same version: never a hit."""
+    for seed in range(3):
+        data = generate_input(256, 512, 1, seed=seed)
+        poison_(data[6])
+        _assert_matches(scaled_mm.gemv_scaled_mm_transposed(data), reference_gemv(data))
+        del data
+        gc.collect()
+    assert fresh_cache.hits == 0
+
+
+# --- the emulation itself ---------------------------------------------------------------------
+
+def test_emulation_is_a_full_gemm():
+    """All 128 columns, not just column 0, against dequantize + float64 matmul."""
+    gen = torch.Generator().manual_seed(0)
+    qa = quantize_nvfp4(torch.randn(256, 640, generator=gen), global_scale=1.0)
+    qb = quantize_nvfp4(torch.randn(128, 640, generator=gen), global_scale=1.0)
+    out = scaled_mm.emulated_scaled_mm_fp4(qa.codes, qb.codes.T, to_blocked(qa.scales),
+                                           to_blocked(qb.scales), torch.float32)
+    want = dequantize_nvfp4(qa).double() @ dequantize_nvfp4(qb).double().T
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
+
+
+def test_emulation_reads_the_blocked_layout():
+    """The plain row-major scale bytes have the right size but give wrong results."""
+    data, _ = _case(Shape(256, 1024, 1), "full")
+    a, b, sfa, sfb, sfa_p, sfb_p, _ = data
+    mat1, mat2 = a[:, :, 0], b[:, :, 0].T
+    blocked = scaled_mm.emulated_scaled_mm_fp4(mat1, mat2, permuted_as_blocked(sfa_p, 0),
+                                               permuted_as_blocked(sfb_p, 0))
+    assert torch.equal(blocked, scaled_mm.emulated_scaled_mm_fp4(mat1, mat2, to_blocked(sfa[:, :, 0]),
+                                                                 to_blocked(sfb[:, :, 0])))
+    plain = scaled_mm.emulated_scaled_mm_fp4(mat1, mat2, sfa[:, :, 0].contiguous().view(-1),
+                                             sfb[:, :, 0].contiguous().view(-1))
+    assert not torch.allclose(plain[:, 0].float(), blocked[:, 0].float(), rtol=RTOL, atol=ATOL)
+
+
+def test_emulation_checks_like_scaled_mm():
+    data, _ = _case(Shape(256, 1024, 1), "full")
+    a, b, _, _, sfa_p, sfb_p, _ = data
+    sa, sb = permuted_as_blocked(sfa_p, 0), permuted_as_blocked(sfb_p, 0)
+    emu = scaled_mm.emulated_scaled_mm_fp4
+    with pytest.raises(NVFP4InputError, match="column-major mat2"):
+        emu(a[:, :, 0], as_fp4x2(fp4_bytes(b[:, :, 0]).T.contiguous()), sa, sb)
+    with pytest.raises(NVFP4InputError, match="scale_a: expected a contiguous float8_e4m3fn blocked"):
+        emu(a[:, :, 0], b[:, :, 0].T, sa[:-512], sb)
+    with pytest.raises(NVFP4InputError, match="scale_b: expected .* got torch.uint8"):
+        emu(a[:, :, 0], b[:, :, 0].T, sa, sb.view(torch.uint8))
+    with pytest.raises(NVFP4InputError, match="mat1: expected a 2-D float4_e2m1fn_x2"):
+        emu(fp4_bytes(a[:, :, 0]), b[:, :, 0].T, sa, sb)
+    with pytest.raises(NVFP4InputError, match="multiples of 16"):
+        emu(a[:, :, 0], b[:8, :, 0].T, sa, sb)
+
+
+# --- bad inputs ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bad_inputs_are_named(variant):
+    _skip_if_unavailable(variant)
+    fn = scaled_mm.VARIANTS[variant]
+    data = list(generate_input(128, 256, 1))
+    with pytest.raises(NVFP4InputError, match="data: expected a 7-tuple"):
+        fn(tuple(data[:6]))
+    bad = data.copy()
+    bad[0] = fp4_bytes(data[0])
+    with pytest.raises(NVFP4InputError, match="a: expected dtype torch.float4_e2m1fn_x2"):
+        fn(tuple(bad))
+    bad = data.copy()
+    bad[6] = torch.zeros(128, 1, 2, dtype=torch.float16)
+    with pytest.raises(NVFP4InputError, match="c: expected shape"):
+        fn(tuple(bad))
+    bad = list(generate_input(128, 256, 2))
+    bad[0] = as_fp4x2(fp4_bytes(bad[0]).contiguous())  # right shape, wrong storage order
+    with pytest.raises(NVFP4InputError, match="a: expected strides"):
+        fn(tuple(bad))
+
+
+@pytest.mark.parametrize("streams", [-1, 1.5, "2", True])
+def test_bad_stream_count(streams):
+    data = generate_input(128, 256, 1)
+    with pytest.raises(NVFP4InputError, match="streams: expected an int >= 0"):
+        scaled_mm.gemv_scaled_mm_transposed(data, streams=streams)
+
+
+def test_functional_absent_raises_not_implemented(monkeypatch):
+    monkeypatch.delattr(torch.nn.functional, "scaled_mm", raising=False)
+    assert torch.__version__ in scaled_mm.functional_unavailable_reason()
+    with pytest.raises(NotImplementedError, match="not available in PyTorch"):
+        scaled_mm.gemv_scaled_mm_functional(generate_input(128, 256, 1))
+
+
+# --- hardware ---------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [Shape(256, 1024, 1), Shape(512, 4096, 2)], ids=str)
+def test_cuda_emulation_matches_cpu(shape):
+    data_cpu, expected = _case(shape, "full")
+    # Same seed, same bytes (drawn on the CPU), laid out on the GPU as documented.
+    data_gpu = generate_input(*shape, seed=_seed(shape, "full"), mode="full", device="cuda")
+    for l in range(shape.l):
+        args = lambda d: (d[0][:, :, l], d[1][:, :, l].T, permuted_as_blocked(d[4], l),
+                          permuted_as_blocked(d[5], l))
+        on_gpu = scaled_mm.emulated_scaled_mm_fp4(*args(data_gpu))
+        on_cpu = scaled_mm.emulated_scaled_mm_fp4(*args(data_cpu))
+        torch.testing.assert_close(on_gpu.cpu().float(), on_cpu.float(), rtol=RTOL, atol=ATOL)
+    for variant in VARIANTS:
+        _skip_if_unavailable(variant)
+        poison_(data_gpu[6])
+        _assert_matches(scaled_mm.VARIANTS[variant](data_gpu), expected)
+        assert scaled_mm.last_path == scaled_mm.describe_path("cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_streams_join_the_callers_stream():
+    shape = Shape(512, 4096, 4)
+    data = generate_input(*shape, seed=11, device="cuda")
+    expected = reference_gemv(data)
+    for options in (dict(streams=2), dict(streams=4, side_stream=True, cache=False)):
+        scaled_mm.scale_cache.clear()
+        poison_(data[6])
+        out = scaled_mm.gemv_scaled_mm_transposed(data, **options)
+        snapshot = out.clone()  # queued on the caller's stream: must see every batch written
+        torch.cuda.synchronize()
+        _assert_matches(snapshot, expected)
+
+
+@pytest.mark.gpu
+def test_cuda_cache_hit_on_another_stream():
+    """A buffer cached on one stream is safe to use from another (the hit waits for it)."""
+    data = generate_input(512, 4096, 2, seed=12, device="cuda")
+    expected = reference_gemv(data)
+    scaled_mm.scale_cache.clear()
+    scaled_mm.gemv_scaled_mm_transposed(data)
+    other = torch.cuda.Stream()
+    other.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(other):
+        poison_(data[6])
+        out = scaled_mm.gemv_scaled_mm_transposed(data, streams=2)
+        snapshot = out.clone()
+    torch.cuda.synchronize()
+    assert scaled_mm.scale_cache.hits == 2
+    _assert_matches(snapshot, expected)
+
+
+@pytest.mark.sm100
+@pytest.mark.parametrize("shape", [Shape(128, 256, 1), Shape(384, 7168, 2), Shape(7168, 2048, 1)], ids=str)
+def test_hardware_matches_emulation(shape):
+    data = generate_input(*shape, seed=1, device="cuda")
+    a, b, _, _, sfa_p, sfb_p, _ = data
+    for l in range(shape.l):
+        sa, sb = permuted_as_blocked(sfa_p, l), permuted_as_blocked(sfb_p, l)
+        for args in ((a[:, :, l], b[:, :, l].T, sa, sb), (b[:, :, l], a[:, :, l].T, sb, sa)):
+            hw = torch._scaled_mm(*args, out_dtype=torch.float16)
+            emu = scaled_mm.emulated_scaled_mm_fp4(*args)
+            torch.testing.assert_close(hw.float(), emu.float(), rtol=RTOL, atol=ATOL)
+    expected = reference_gemv(data)
+    for variant in VARIANTS:
+        _skip_if_unavailable(variant)
+        poison_(data[6])
+        _assert_matches(scaled_mm.VARIANTS[variant](data), expected)
+        assert scaled_mm.last_path == scaled_mm.HARDWARE_PATH

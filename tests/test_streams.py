@@ -1,0 +1,149 @@
+"""The stream pool: per-batch views, results equal to one launch, ordering with the caller's stream.
+
+On a CPU the pool runs the batches one after another through the same per-batch function, so the
+splitting and the per-batch path are checked everywhere; on a GPU results must be bit-identical
+to the single launch (every batch is computed the same way, only the stream differs).
+"""
+import pytest
+import torch
+
+from nvfp4lib import scaled_mm
+from nvfp4lib.device import capabilities
+from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.reference import check, poison_
+from nvfp4lib.streams import StreamPool, batch_views, run_batches
+from nvfp4lib.validate import validate_gemv_input
+
+SHAPES = [Shape(128, 256, 1), Shape(256, 512, 3), Shape(128, 64, 8)]
+POOL_SIZES = [1, 2, 3, 8]
+_seeds = iter(range(1000, 10**6))
+
+
+def _fresh(shape: Shape, device: str = "cpu"):
+    """New full-range data for every test (a fresh seed each time), c poisoned with NaN."""
+    data = generate_input(*shape, seed=next(_seeds), mode="full", device=device)
+    poison_(data[6])
+    return data
+
+
+def _sequential(per_batch_fn, data):
+    for l in range(data[0].shape[2]):
+        per_batch_fn(tuple(t[..., l:l + 1] for t in data))
+    return data[6]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_batch_views_are_valid_inputs_sharing_storage(shape):
+    data = _fresh(shape)
+    views = batch_views(data)
+    assert len(views) == shape.l
+    for l, part in enumerate(views):
+        assert validate_gemv_input(part) == Shape(shape.m, shape.k, 1)
+        for whole, view in zip(data, part):
+            assert view.untyped_storage().data_ptr() == whole.untyped_storage().data_ptr()
+            assert view.data_ptr() == whole.data_ptr() + l * whole.stride(-1) * whole.element_size()
+
+
+@pytest.mark.parametrize("n", POOL_SIZES)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cpu_pool_equals_sequential_and_reference(shape, n):
+    data = _fresh(shape)
+    expected = _sequential(scaled_mm.gemv_scaled_mm_permuted, data).clone()
+    poison_(data[6])
+    out = run_batches(scaled_mm.gemv_scaled_mm_permuted, data, StreamPool(n, "cpu"))
+    assert out is data[6]
+    assert torch.equal(out, expected), "the pool must compute exactly what the sequential loop does"
+    result = check(out, data)
+    assert result.ok, result.message
+
+
+def test_every_batch_is_handed_over_once_in_order():
+    data = _fresh(Shape(128, 64, 5))
+    seen = []
+    run_batches(lambda part: seen.append(part[0].data_ptr()), data, StreamPool(2, "cpu"))
+    a = data[0]
+    assert seen == [a.data_ptr() + l * a.stride(2) for l in range(5)]
+
+
+def test_split_is_cached_per_input_tuple():
+    pool = StreamPool(2, "cpu")
+    data = _fresh(Shape(128, 64, 3))
+    assert pool.split(data) is pool.split(data)
+    other = tuple(list(data))  # equal contents, another tuple object: new views
+    assert pool.split(other) is not pool.split(data)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_pool_size_is_checked(bad):
+    with pytest.raises(ValueError, match="n: expected an int >= 1"):
+        StreamPool(bad, "cpu")
+
+
+# ----------------------------------------------------------------------------------- GPU
+
+
+def _cute_per_batch():
+    if not capabilities().cute_dsl:
+        pytest.skip("needs the CuTe DSL")
+    from nvfp4lib.cute_gemv import CuteGemv
+    from nvfp4lib.streams import CutePerBatch
+
+    return CuteGemv(), CutePerBatch()
+
+
+def _gpu_pair(kind: str):
+    """(single launch over all batches, per-batch function) of one GEMV."""
+    if kind == "cute":
+        return _cute_per_batch()
+    return scaled_mm.gemv_scaled_mm_permuted, scaled_mm.gemv_scaled_mm_permuted
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cute", "scaled_mm"])
+@pytest.mark.parametrize("n", POOL_SIZES)
+@pytest.mark.parametrize("shape", SHAPES + [Shape(1024, 2048, 8)], ids=lambda s: "x".join(map(str, s)))
+def test_gpu_pool_is_bit_identical_to_single_launch(kind, shape, n):
+    single, per_batch = _gpu_pair(kind)
+    data = _fresh(shape, "cuda")
+    expected = single(data).clone()  # also the warm-up on the caller's stream
+    assert check(expected, data).ok
+    poison_(data[6])
+    pool = StreamPool(n)
+    for _ in range(3):  # the second and later calls reuse the cached views and runners
+        poison_(data[6])
+        out = run_batches(per_batch, data, pool)
+        assert out is data[6]
+        assert torch.equal(out, expected), f"pool of {n} differs from the single launch"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["cute", "scaled_mm"])
+def test_gpu_pool_orders_with_a_non_default_caller_stream(kind):
+    """Work before the call (poisoning c behind a long sleep) must come first, and work after the
+    call must see c written even when the pool's kernels are slow (each batch sleeps first)."""
+    single, per_batch = _gpu_pair(kind)
+    data = _fresh(Shape(512, 1024, 4), "cuda")
+    expected = single(data).clone()
+    pool = StreamPool(4)
+
+    def slow(part):
+        torch.cuda._sleep(2_000_000)  # on the pool stream, before the batch's kernel
+        per_batch(part)
+
+    caller = torch.cuda.Stream()
+    caller.wait_stream(torch.cuda.current_stream())  # the data and `expected` were made there
+    with torch.cuda.stream(caller):
+        torch.cuda._sleep(20_000_000)  # if the pool did not wait for this, its result would be poisoned
+        poison_(data[6])
+        run_batches(slow, data, pool)
+        seen = data[6].clone()  # queued on the caller's stream right after the call
+    caller.synchronize()
+    assert torch.equal(seen, expected)
+    assert torch.equal(data[6], expected)
+
+
+@pytest.mark.gpu
+def test_gpu_pool_refuses_inputs_on_another_device():
+    data = _fresh(Shape(128, 64, 2), "cuda")
+    with pytest.raises(ValueError, match="pool"):
+        run_batches(scaled_mm.gemv_scaled_mm_permuted, data, StreamPool(2, "cpu"))

@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Execute the workbook's notebooks in order with papermill; stop at the first failure.
+
+Each notebook runs in a fresh kernel of this interpreter with notebooks/ as working directory, so
+relative paths in a notebook behave as in JupyterLab. The executed copy (outputs, or the traceback
+on failure) is written to --out; a re-run overwrites it.
+"""
+
+import argparse
+import contextlib
+import fnmatch
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+DEFAULT_OUT = REPO_ROOT / "build" / "notebooks"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+class NotebookFailed(RuntimeError):
+    """A notebook raised: the message names the cell, its first line and the error."""
+
+
+def discover(pattern: str = "*") -> list[Path]:
+    """Numbered notebooks (NN_topic.ipynb) in run order; PATTERN is a glob or a substring of the name."""
+    found = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+    return [p for p in found if fnmatch.fnmatch(p.name, pattern) or pattern in p.name]
+
+
+@contextlib.contextmanager
+def _kernel_env():
+    """The kernel inherits our environment: let it import nvfp4lib from this checkout even when the
+    package is not installed (an existing environment on a GPU node), and prefer this interpreter's
+    own `python3` kernel over one registered per user."""
+    saved = dict(os.environ)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), saved.get("PYTHONPATH")]))
+    os.environ["JUPYTER_PREFER_ENV_PATH"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+def _describe(path: Path, out_path: Path, exc: Exception) -> str:
+    """Where the notebook failed, in the numbering of the committed notebook (1 = first cell)."""
+    import nbformat
+
+    source, count = getattr(exc, "source", None), getattr(exc, "exec_count", None)
+    if source is None and out_path.exists():  # a timeout or a dead kernel: the last cell started
+        for cell in nbformat.read(out_path, as_version=4).cells:
+            if cell.cell_type == "code" and cell.metadata.get("papermill", {}).get("start_time"):
+                source, count = cell.source, cell.get("execution_count")
+    cells = nbformat.read(path, as_version=4).cells
+    number = next((i for i, c in enumerate(cells, 1) if c.cell_type == "code" and c.source == source), None)
+    first_line = ((source or "").strip().splitlines() or ["?"])[0]
+    where = (f"cell {number}" if number else "a cell added by papermill") + (f" (In [{count}])" if count else "")
+    if hasattr(exc, "ename"):
+        error = "\n".join(_ANSI.sub("", line) for line in exc.traceback[-12:]) or f"{exc.ename}: {exc.evalue}"
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    return f"{path.name} failed in {where}: {first_line}\n{error}\nexecuted copy: {out_path}"
+
+
+def run_notebook(path: Path, out_path: Path, *, small: bool | None = None, seed: int | None = None,
+                 timeout: int | None = None) -> None:
+    """Execute one notebook into out_path; raise NotebookFailed saying where it failed."""
+    import papermill
+
+    parameters = {"small": small} if seed is None else {"small": small, "seed": seed}
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.unlink(missing_ok=True)
+    try:
+        with _kernel_env():
+            papermill.execute_notebook(
+                str(path), str(out_path), parameters=parameters, kernel_name="python3",
+                language="python", cwd=str(Path(path).parent), execution_timeout=timeout,
+                progress_bar=False, extra_arguments=["--IPKernelApp.log_level=ERROR"],
+            )
+    except Exception as exc:  # papermill errors, cell timeouts, dead kernels
+        raise NotebookFailed(_describe(Path(path), out_path, exc)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--small", action="store_true", help="force small mode (small=True); default small=None: auto")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for executed copies (default build/notebooks)")
+    ap.add_argument("--only", metavar="PATTERN", default="*", help="run only notebooks matching a glob or substring")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default 1800)")
+    ap.add_argument("--seed", type=int, default=None, help="override the notebooks' seed parameter")
+    args = ap.parse_args(argv)
+
+    try:
+        import ipykernel, papermill  # noqa: F401  (fail early, with the fix, rather than mid-run)
+    except ImportError as err:
+        print(f"{err.name} is missing in {sys.executable}: pip install papermill ipykernel", file=sys.stderr)
+        return 2
+    notebooks = discover(args.only)
+    if not notebooks:
+        print(f"no notebook in {NOTEBOOKS_DIR} matches {args.only!r}", file=sys.stderr)
+        return 2
+    for i, path in enumerate(notebooks, 1):
+        print(f"[{i}/{len(notebooks)}] {path.name} ... ", end="", flush=True)
+        start = time.perf_counter()
+        try:
+            run_notebook(path, args.out / path.name, small=True if args.small else None,
+                         seed=args.seed, timeout=args.timeout)
+        except NotebookFailed as err:
+            print(f"FAILED ({time.perf_counter() - start:.1f} s)\n{err}", flush=True)
+            return 1
+        print(f"ok ({time.perf_counter() - start:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
