@@ -31,7 +31,7 @@ help: ## show this help
 	@echo "Targets:"
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=<interpreter> uses an existing environment (installs nothing);"
-	@echo "           TORCH_VERSION=$(TORCH_VERSION) (first install only), PYTEST_ARGS, NOTEBOOK_ARGS"
+	@echo "           TORCH_VERSION=$(TORCH_VERSION) (first install only), PYTEST_ARGS, NOTEBOOK_ARGS, BENCH_ARGS"
 
 # The virtual environment. torch is installed first and pinned, so that the `torch>=2.8`
 # requirement is already met and pip does not pick a multi-GB CUDA build on a CPU machine;
@@ -56,6 +56,16 @@ lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the project's kernel registe
 # ---- running $(PY) so that `PYTHON=...` works for them too; a `## text` comment puts them in help.
 
 # ---- bench: timing runs on a GPU --------------------------------------------------------
+BENCH_ARGS ?=
+.PHONY: bench bench-cute calibrate
+bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<device>.csv, figures/00_*.png
+	$(PY) -m nvfp4lib.suite $(BENCH_ARGS)
+
+bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel and leaderboard time)
+	$(PY) -m nvfp4lib.cute_bench $(BENCH_ARGS)
+
+calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json
+	$(PY) -c "from nvfp4lib import dispatch; from nvfp4lib.paths import BUILD_DIR; BUILD_DIR.mkdir(exist_ok=True); dispatch.calibrate(); print(dispatch.save_table(BUILD_DIR / 'dispatch_table.json'))"
 
 # ---- submission: the leaderboard submission file ---------------------------------------
 

@@ -12,7 +12,7 @@ earlier call is caught. Every output is compared with nvfp4lib.reference at rtol
 Benchmark mode times the benchmark shapes one call at a time with the L2 flushed
 (bench.time_leaderboard), against this device's copy bandwidth and, on a B200, the speed of light.
 
-Without CUDA, test mode runs `CPU_TEST_SHAPES` (the test shapes of at most 2^21 elements of A,
+Without CUDA, test mode runs `CPU_TEST_SHAPES` (the test shapes of at most 2^20 elements of A,
 so that a CPU run takes seconds) and timing is skipped.
 """
 
@@ -22,8 +22,11 @@ import argparse
 import builtins
 import importlib.util
 import itertools
+import json
 import math
+import subprocess
 import sys
+import tempfile
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +43,7 @@ from nvfp4lib.reference import check, poison_
 PACKAGE = "nvfp4lib"
 DIRECTIVE = "#!POPCORN leaderboard nvfp4_gemv"
 MODES = ("test", "benchmark", "both")
-CPU_MAX_ELEMENTS = 1 << 21  # M * K * L of the test shapes run without CUDA
+CPU_MAX_ELEMENTS = 1 << 20  # M * K * L of the test shapes run without CUDA
 CPU_TEST_SHAPES = [s for s in TEST_SHAPES if s.m * s.k * s.l <= CPU_MAX_ELEMENTS]
 CASES = ("leaderboard data", "full-range data", "same tensors, new values", "new tensors")
 RTOL = ATOL = 1e-3
@@ -57,12 +60,17 @@ class SubmissionError(RuntimeError):
 # Loading
 
 
+TASK_SOURCE = '''"""Stand-in for the leaderboard's task module: the type aliases a submission imports."""
+import torch
+
+input_t = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+output_t = torch.Tensor
+'''
+
+
 def task_module() -> types.ModuleType:
-    """Stand-in for the leaderboard's ``task`` module: the two type aliases a submission imports."""
-    task = types.ModuleType("task", "Stand-in for the leaderboard's task module (type aliases only).")
-    task.input_t = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                         torch.Tensor]
-    task.output_t = torch.Tensor
+    task = types.ModuleType("task")
+    exec(TASK_SOURCE, task.__dict__)
     return task
 
 
@@ -113,6 +121,50 @@ def load_submission(path) -> types.ModuleType:
     if not callable(getattr(module, "custom_kernel", None)):
         raise SubmissionError(f"{path}: defines no function custom_kernel(data)")
     return module
+
+
+# A fresh interpreter in which nvfp4lib cannot be imported (a finder ahead of all others refuses
+# it, whatever sys.path or an installed copy says), started in an empty folder so that no file
+# next to the submission can be imported either.
+_ISOLATED = '''
+import importlib.abc, importlib.util, json, sys, types
+
+class HidePackage(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == PACKAGE:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+PACKAGE, TASK_SOURCE, paths, expression = json.loads(sys.argv[1])
+sys.meta_path.insert(0, HidePackage())  # first, so that no installed copy is found
+task = sys.modules["task"] = types.ModuleType("task")
+exec(TASK_SOURCE, task.__dict__)
+results = {}
+for i, path in enumerate(paths):
+    try:
+        spec = importlib.util.spec_from_file_location(f"submission_{i}", path)
+        submission = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(submission)
+        results[path] = [True, str(eval(expression, {"submission": submission}))]
+    except Exception as err:
+        results[path] = [False, f"{type(err).__name__}: {err}"]
+print(json.dumps(results))
+'''
+
+
+def import_isolated(paths, expression: str = "submission.custom_kernel.__name__", timeout: int = 600):
+    """Import each file in one fresh interpreter where nvfp4lib does not exist, and evaluate
+    `expression` there with the module bound to `submission` -> {path: (ok, value or error)}.
+
+    Stricter than `load_submission` (which blocks import statements only): nothing of nvfp4lib is
+    loaded at all, as on the leaderboard machine."""
+    paths = [str(Path(p).resolve()) for p in paths]
+    with tempfile.TemporaryDirectory() as empty:
+        proc = subprocess.run([sys.executable, "-c", _ISOLATED, json.dumps([PACKAGE, TASK_SOURCE, paths, expression])],
+                              capture_output=True, text=True, cwd=empty, timeout=timeout)
+    if proc.returncode != 0:
+        raise SubmissionError(f"the isolated interpreter failed: {proc.stderr.strip()[-2000:]}")
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {path: tuple(results[path]) for path in paths}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,11 +369,14 @@ class Report:
 
 
 def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes: bool = False,
-             warmup: int = 10, reps: int = 100, log: Callable[[str], None] | None = None) -> Report:
+             warmup: int = 10, reps: int = 100, isolated: bool = False,
+             log: Callable[[str], None] | None = None) -> Report:
     """Run the local leaderboard on one file; `log` (e.g. print) sees each line as it happens.
 
     `shapes` overrides the test shapes; without CUDA the default is CPU_TEST_SHAPES unless
-    `all_shapes`. Nothing raises for a bad submission: problems end up in `Report.failures`.
+    `all_shapes`. `isolated` first imports the file in a fresh interpreter without nvfp4lib
+    (`import_isolated`, a few seconds). Nothing raises for a bad submission: problems end up in
+    `Report.failures`.
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
@@ -334,6 +389,11 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes
         source = Path(path).read_text()
         if not has_directive(source):
             report.failures.append(f"{path}: the leading comment lines lack the directive line {DIRECTIVE!r}")
+        if isolated:
+            ok, message = import_isolated([path])[str(Path(path).resolve())]
+            if not ok:
+                raise SubmissionError(f"{path}: importing it where nvfp4lib does not exist failed: {message}")
+            say("imports in a fresh interpreter without nvfp4lib: ok")
         module = load_submission(path)
     except (OSError, SubmissionError) as err:
         report.failures.append(str(err))
@@ -383,8 +443,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
     parser.add_argument("--reps", type=int, default=100, help="timed calls per benchmark shape")
     parser.add_argument("--all-shapes", action="store_true", help="all test shapes even without CUDA (slow)")
+    parser.add_argument("--no-isolated-import", dest="isolated", action="store_false",
+                        help="skip the import in a fresh interpreter without nvfp4lib (saves a few seconds)")
     args = parser.parse_args(argv)
-    report = evaluate(args.file, args.mode, seed=args.seed, all_shapes=args.all_shapes, reps=args.reps, log=print)
+    report = evaluate(args.file, args.mode, seed=args.seed, all_shapes=args.all_shapes, reps=args.reps,
+                      isolated=args.isolated, log=print)
     return 0 if report.ok else 1
 
 

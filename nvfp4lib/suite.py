@@ -132,16 +132,24 @@ def _scaled_mm_paths(caps: Capabilities):
     return paths, skipped
 
 
+def _raise(error: Exception) -> Callable:
+    def bind(data):
+        raise error
+    return bind
+
+
 def _dispatch_paths():
+    """The dispatcher `custom_kernel`, if this checkout has it (imported only now, on purpose)."""
+    label = "dispatch (custom_kernel)"
     try:
         module = importlib.import_module("nvfp4lib.dispatch")
-    except ModuleNotFoundError as e:
-        if e.name != "nvfp4lib.dispatch":
-            raise
-        return [], [("dispatch", "nvfp4lib.dispatch is not in this checkout")]
+    except Exception as e:  # noqa: BLE001 - a broken module is an error of that path, not of the suite
+        if isinstance(e, ModuleNotFoundError) and e.name == "nvfp4lib.dispatch":
+            return [], [("dispatch", "nvfp4lib.dispatch is not in this checkout")]
+        return [BenchPath("dispatch", "nvfp4lib", label, _raise(e))], []  # an error at every shape
     explain = getattr(module, "explain", None)
     describe = (lambda data: f"chose {explain(data)}") if explain else None
-    return [BenchPath("dispatch", "nvfp4lib", "dispatch (custom_kernel)", _call(module.custom_kernel), describe)], []
+    return [BenchPath("dispatch", "nvfp4lib", label, _call(module.custom_kernel), describe)], []
 
 
 def _bind_bf16(data):
@@ -171,8 +179,7 @@ def select(names: Iterable[str], patterns: Iterable[str] | None) -> set[str]:
     names = list(names)
     if patterns is None:
         return set(names)
-    chosen = {n for n in names for p in patterns if fnmatch.fnmatchcase(n, p)}
-    return chosen
+    return {n for n in names for p in patterns if fnmatch.fnmatchcase(n, p)}
 
 
 # ------------------------------------------------------------------------------ where
@@ -213,7 +220,7 @@ class Plan:
         if cuda:
             return Plan(list(BENCHMARK_SHAPES), sweep_shapes(GPU_QUICK_EXPONENTS if quick else GPU_SWEEP_EXPONENTS),
                         reps=20 if quick else 100, min_reps=5 if quick else 10,
-                        budget_s=0.25 if quick else 1.0, cuda=True)
+                        budget_s=0.25 if quick else 0.5, cuda=True)
         factor = 16 if quick else 8
         return Plan([scaled_down(s, factor) for s in BENCHMARK_SHAPES],
                     sweep_shapes(CPU_QUICK_EXPONENTS if quick else CPU_SWEEP_EXPONENTS),
@@ -277,7 +284,6 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         row.update({f"{mode}_us": t.median_us, f"{mode}_p10_us": t.p10_us, f"{mode}_p90_us": t.p90_us,
                     f"{mode}_reps": t.n})
     row["host_us"] = timings["leaderboard"].host_us
-    row["timing"] = timings["kernel"].mode
     if path.name == "peer-compiled" and peers.compile_note:
         row["note"] = peers.compile_note
     if path.describe is not None:
@@ -369,6 +375,8 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
     rows += [dict(common, path=n, kind="peer" if n.startswith("peer-") else "nvfp4lib", label=n,
                   shape_set="-", status="skipped", note=why) for n, why in skipped]
 
+    out_dir.mkdir(parents=True, exist_ok=True)
+    csv_path = out_dir / f"{slug}.csv"
     tasks = plan.tasks()
     bar = _Progress(len(tasks) * len(paths), enabled=progress)
     try:
@@ -386,14 +394,13 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
                 rows.append(row)
                 bar.step(f"{path.name} {_shape_text(row)}")
             del data
-            gc.collect()
-            if caps.cuda:
+            write_csv(rows, csv_path)  # after every shape, so an interrupted run keeps what it measured
+            if caps.cuda:  # give the next, possibly much larger, shape the memory back
+                gc.collect()
                 torch.cuda.empty_cache()
     finally:
         bar.close()
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / f"{slug}.csv"
     write_csv(rows, csv_path)
     say(summary_table(rows))
     say(f"wrote {csv_path}")
@@ -477,9 +484,12 @@ def _cell(value, spec: str) -> str:
 
 
 def _format_table(header: list[str], body: list[list[str]]) -> str:
+    """Text columns: the first two left-aligned (names), the rest right-aligned (numbers)."""
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-    fmt = lambda cells: "  ".join(c.ljust(w) if i < 2 else c.rjust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
     return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, body)])
 
 
@@ -490,7 +500,7 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
     leaderboard time (what a score compares). The geomean over the benchmark shapes is the score."""
     timed = _timed(rows)
     copy = _ceiling(rows, "copy")
-    peer_names = [n for n in dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer")]
+    peer_names = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
     peer_time = {(r["path"], r["m"], r["k"], r["l"]): r["leaderboard_us"] for r in timed if r["kind"] == "peer"}
     header = ["path", "shape", "kernel us", "leaderboard us", "host us", "GB/s", "% copy",
               *(f"x {n.removeprefix('peer-')}" for n in peer_names)]
@@ -563,8 +573,8 @@ def _colors(timed: list[dict]) -> dict[str, object]:
     """One colour per path, the same in both figures: colours for nvfp4lib paths, greys for peers."""
     import matplotlib
 
-    ours = [n for n in dict.fromkeys(r["path"] for r in timed if r["kind"] != "peer")]
-    theirs = [n for n in dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer")]
+    ours = list(dict.fromkeys(r["path"] for r in timed if r["kind"] != "peer"))
+    theirs = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
     palette = matplotlib.colormaps["tab10"]
     colors = {n: palette(i % 10) for i, n in enumerate(ours)}
     colors.update({n: _PEER_GREYS[i % len(_PEER_GREYS)] for i, n in enumerate(theirs)})

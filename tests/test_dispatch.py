@@ -10,6 +10,7 @@ from nvfp4lib import dispatch
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, generate_input
 from nvfp4lib.reference import check, poison_
+from nvfp4lib.validate import NVFP4InputError
 
 CPU = Capabilities(cuda=False, name="cpu", sm=None, fp4_gemm=False, cute_dsl=True, cute_dsl_version="4.8.1",
                    hw_e2m1=False, cute_arch=None)
@@ -60,6 +61,12 @@ def test_custom_kernel_on_cpu_matches_reference(shape):
     result = check(out, data)
     assert result.ok, result.message
     assert dispatch.decisions()[(data[0].shape, False)].path == "scaled_mm"
+
+
+@pytest.mark.parametrize("bad", [None, {}, (), (1, 2, 3, 4, 5, 6, 7)])
+def test_malformed_input_gets_the_validators_error(bad):
+    with pytest.raises(NVFP4InputError, match="^data: expected a 7-tuple|^a: expected a torch.Tensor"):
+        dispatch.custom_kernel(bad)
 
 
 def test_choice_is_made_once_per_shape(monkeypatch):
@@ -205,12 +212,13 @@ def test_calibrate_times_checks_and_picks(monkeypatch):
     assert tab.device == capabilities().name and dispatch.table() is tab
     assert set(tab.entries) == {"L1-A2^14", "L2-A2^14"}
     assert tab.entries["L2-A2^14"]["shapes"] == [[128, 256, 2], [256, 128, 2]]
+    cute_here = dispatch.PATHS["cute"].unavailable(capabilities(), capabilities().cuda) is None
     for entry in tab.entries.values():
-        assert set(entry["median_us"]) == {"scaled_mm", "reference"}
+        assert set(entry["median_us"]) == {"scaled_mm", "reference"} | ({"cute"} if cute_here else set())
         assert entry["path"] == min(entry["median_us"], key=entry["median_us"].get)
     assert "wrong result" in tab.skipped["broken"]
-    if not torch.cuda.is_available():
-        assert "CUDA" in tab.skipped["cute"]
+    if not cute_here:
+        assert "cute" in tab.skipped
     with pytest.raises(ValueError, match="unknown path"):
         dispatch.calibrate(shapes, ("nope",))
 
@@ -243,6 +251,7 @@ def test_every_available_path_is_correct_on_gpu(name):
 
 
 @pytest.mark.sm100
+@pytest.mark.cute
 def test_blackwell_calibration_fills_the_table(tmp_path):
     shapes = [Shape(4096, 7168, 8), Shape(1024, 1024, 1)]
     tab = dispatch.calibrate(shapes, reps=10, warmup=2)

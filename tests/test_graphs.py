@@ -1,5 +1,7 @@
 """CUDA graph replay of a GEMV: a transparent pass-through on the CPU, bit-identical replays on a
 GPU, a new capture whenever the tensors (pointers, shapes, strides) change."""
+import contextlib
+
 import pytest
 import torch
 
@@ -137,3 +139,113 @@ def test_replay_on_a_non_default_stream(name):
         seen = data[6].clone()
     caller.synchronize()
     assert torch.equal(seen, expected)
+
+
+# ------------------------------------------- the capture protocol, recorded with stand-ins on any machine
+
+
+class _FakeTensor:
+    """Enough of a CUDA tensor for GraphedGemv: device, and the fields of the graph key."""
+    is_cuda = True
+    device = torch.device("cuda", 0)
+    shape, dtype = (1,), torch.float16
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def data_ptr(self):
+        return self.ptr
+
+    def stride(self):
+        return (1,)
+
+
+@pytest.fixture
+def recorded_cuda(monkeypatch):
+    """Stand-ins for the torch.cuda calls GraphedGemv makes; returns (log, current stream)."""
+    log, current = [], ["caller"]
+
+    class _Stream:
+        count = 0
+
+        def __init__(self, device=None):
+            _Stream.count += 1
+            self.name = f"side{_Stream.count}"
+
+        def wait_stream(self, other):
+            log.append(("wait", self.name, other if isinstance(other, str) else other.name))
+
+    class _Caller:
+        name = "caller"
+
+        def wait_stream(self, other):
+            log.append(("wait", "caller", other.name))
+
+    class _StreamContext:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            self.prev, current[0] = current[0], self.stream.name
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+
+    class _Graph:
+        count = 0
+
+        def __init__(self):
+            _Graph.count += 1
+            self.name = f"graph{_Graph.count}"
+
+        def replay(self):
+            log.append(("replay", self.name, current[0]))
+
+    class _Capture(_StreamContext):
+        def __init__(self, graph, stream=None):
+            super().__init__(stream)
+            self.graph = graph
+
+        def __enter__(self):
+            log.append(("capture", self.graph.name, self.stream.name))
+            super().__enter__()
+
+    caller = _Caller()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: caller)
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", _StreamContext)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", _Capture)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append(("synchronize",)))
+    return log, current
+
+
+def test_capture_protocol(recorded_cuda):
+    log, current = recorded_cuda
+    out = object()
+
+    def fn(data):
+        log.append(("fn", current[0]))
+        return out
+
+    g = GraphedGemv(fn, warmup=2, max_graphs=1)
+    first = tuple(_FakeTensor(100 + i) for i in range(7))
+    assert g(first) is out and g(first) is out
+    assert log == [
+        ("wait", "side1", "caller"), ("fn", "side1"), ("fn", "side1"), ("wait", "caller", "side1"),
+        ("capture", "graph1", "side1"), ("fn", "side1"),
+        ("replay", "graph1", "caller"),
+        ("replay", "graph1", "caller"),
+    ]
+    assert (g.captures, g.replays, len(g)) == (1, 2, 1)
+    log.clear()
+    second = tuple(_FakeTensor(200 + i) for i in range(7))
+    g(second)  # a new key: warm up and capture again; the old graph is dropped after a synchronize
+    assert log == [
+        ("wait", "side1", "caller"), ("fn", "side1"), ("fn", "side1"), ("wait", "caller", "side1"),
+        ("synchronize",), ("capture", "graph2", "side1"), ("fn", "side1"), ("replay", "graph2", "caller"),
+    ]
+    assert (g.captures, len(g)) == (2, 1)
+    assert "2 captures" in g.note

@@ -147,3 +147,96 @@ def test_gpu_pool_refuses_inputs_on_another_device():
     data = _fresh(Shape(128, 64, 2), "cuda")
     with pytest.raises(ValueError, match="pool"):
         run_batches(scaled_mm.gemv_scaled_mm_permuted, data, StreamPool(2, "cpu"))
+
+
+# ------------------------------------------- the CUDA protocol, recorded with stand-ins on any machine
+
+
+class _FakeStream:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def wait_event(self, event):
+        self.log.append(("wait", self.name, event.name))
+
+
+class _FakeEvent:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def record(self, stream):
+        self.log.append(("record", stream.name, self.name))
+
+
+class _FakeTensor:
+    """Enough of a CUDA tensor for run_batches: L, device, and slicing into named batch views."""
+    is_cuda = True
+    device = torch.device("cuda", 0)
+
+    def __init__(self, l):
+        self.shape = (1, 1, l)
+
+    def __getitem__(self, index):
+        return index[-1].start  # batch_views slices t[..., l:l+1]: the view is just l here
+
+
+@pytest.fixture
+def recorded_pool(monkeypatch):
+    """A pool of two stand-in streams on 'cuda:0', and the log of everything done to them."""
+    log = []
+    current = [_FakeStream("caller", log)]
+
+    class _StreamContext:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            self.prev, current[0] = current[0], self.stream
+
+        def __exit__(self, *exc):
+            current[0] = self.prev
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[0])
+    monkeypatch.setattr(torch.cuda, "stream", _StreamContext)
+    pool = StreamPool(2, "cpu")
+    pool.device = torch.device("cuda", 0)
+    pool.streams = [_FakeStream("s0", log), _FakeStream("s1", log)]
+    pool._ready = _FakeEvent("ready", log)
+    pool._done = [_FakeEvent("done0", log), _FakeEvent("done1", log)]
+    return pool, log, current
+
+
+def test_cuda_fork_and_join_protocol(recorded_pool):
+    pool, log, current = recorded_pool
+    data = tuple(_FakeTensor(3) for _ in range(7))
+    run_batches(lambda part: log.append(("run", current[0].name, part[0])), data, pool)
+    assert log == [
+        ("record", "caller", "ready"),
+        ("wait", "s0", "ready"), ("run", "s0", 0), ("run", "s0", 2),
+        ("wait", "s1", "ready"), ("run", "s1", 1),
+        ("record", "s0", "done0"), ("wait", "caller", "done0"),
+        ("record", "s1", "done1"), ("wait", "caller", "done1"),
+    ]
+    assert current[0].name == "caller"
+
+
+def test_cuda_protocol_joins_even_when_a_batch_fails(recorded_pool):
+    pool, log, current = recorded_pool
+    data = tuple(_FakeTensor(2) for _ in range(7))
+
+    def fails_on_batch_1(part):
+        if part[0] == 1:
+            raise RuntimeError("boom")
+        log.append(("run", current[0].name, part[0]))
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_batches(fails_on_batch_1, data, pool)
+    assert log[-4:] == [("record", "s0", "done0"), ("wait", "caller", "done0"),
+                        ("record", "s1", "done1"), ("wait", "caller", "done1")]
+    assert current[0].name == "caller"
+
+
+def test_cuda_protocol_uses_at_most_l_streams(recorded_pool):
+    pool, log, current = recorded_pool
+    run_batches(lambda part: None, tuple(_FakeTensor(1) for _ in range(7)), pool)
+    assert [e for e in log if e[1] == "s1"] == []

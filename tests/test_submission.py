@@ -2,14 +2,12 @@
 
 Every path is exported once per module. The files are imported in a fresh interpreter in which
 nvfp4lib cannot be found (as on the leaderboard machine); the paths that run without CUDA pass the
-local leaderboard's test mode here, and the CuTe files cross-compile their kernels without a GPU.
+local leaderboard's test mode here, and the CuTe file cross-compiles its kernels without a GPU.
 """
 
 import ast
 import importlib.util
 import inspect
-import json
-import subprocess
 import sys
 import textwrap
 
@@ -18,49 +16,27 @@ import torch
 
 import nvfp4lib
 from nvfp4lib import device, scaled_mm
-from nvfp4lib.evaluate import evaluate, load_submission
+from nvfp4lib.evaluate import evaluate, import_isolated, load_submission
 from nvfp4lib.problem import generate_input
 from nvfp4lib.submission import (DIRECTIVE, PATHS, TASK_IMPORT, ExportError, export_source, inline_objects, main,
                                  write_submission)
 
 CPU_PATHS = [name for name, spec in PATHS.items() if not spec.needs_cuda]
 CUDA_PATHS = [name for name, spec in PATHS.items() if spec.needs_cuda]
-# What each CuTe file cross-compiles in the clean interpreter: (variant, target) pairs.
-CROSS_COMPILE = {"cute_fast": [("fast", "sm_100a"), ("fast", "sm_90a")], "cute_naive": [("naive", "sm_90a")]}
-
-# Runs in a fresh interpreter: hide nvfp4lib (sys.path and any installed finder), provide `task`,
-# import each file, and for the CuTe files compile the kernels through the file's own code.
-CLEAN_IMPORT = textwrap.dedent('''
-    import importlib.abc, importlib.util, json, os, sys, types
-
-    class HideNvfp4lib(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] == "nvfp4lib":
-                raise ModuleNotFoundError(f"No module named {name!r}")
-
-    sys.meta_path.insert(0, HideNvfp4lib())
-    sys.path[:] = [p for p in sys.path if not os.path.isdir(os.path.join(p or os.getcwd(), "nvfp4lib"))]
-    import torch
-
-    task = types.ModuleType("task")
-    task.input_t, task.output_t = tuple, torch.Tensor
-    sys.modules["task"] = task
-    results = {}
-    for name, path, compile_for in json.loads(sys.argv[1]):
-        result = results[name] = {"ok": False}
-        try:
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = sys.modules[name] = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            result.update(ok=True, backend=module.BACKEND, nvfp4lib_found=importlib.util.find_spec("nvfp4lib") is not None)
-            if compile_for and module.cute is not None:
-                for variant, arch in compile_for:
-                    module.compile_gemv(variant, arch)
-                result["compiled"] = compile_for
-        except Exception as err:
-            result["error"] = f"{type(err).__name__}: {err}"
-    print(json.dumps(results))
-''')
+# Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the cute_fast
+# file the kernels it cross-compiles (tracing a kernel runs every helper it calls, so a helper
+# missing from the file fails there). The probe file reports whether nvfp4lib can be imported.
+CROSS_COMPILE = (("fast", "sm_100a"), ("fast", "sm_90a"), ("naive", "sm_90a"))
+PROBE = (f"(submission.BACKEND, [type(submission.compile_gemv(*job)).__name__ for job in {CROSS_COMPILE!r}] "
+         f"if submission.SUBMISSION_PATH == 'cute_fast' and submission.cute is not None else None)")
+PROBE_FILE = """
+SUBMISSION_PATH = "probe"
+try:
+    import nvfp4lib
+    BACKEND = "nvfp4lib found"
+except ModuleNotFoundError as err:
+    BACKEND = str(err)
+"""
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +46,17 @@ def exported(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def clean_imports(exported, tmp_path_factory):
-    """{path: outcome} of importing every exported file where nvfp4lib does not exist."""
-    jobs = [(name, str(file), CROSS_COMPILE.get(name)) for name, file in exported.items()]
-    proc = subprocess.run([sys.executable, "-c", CLEAN_IMPORT, json.dumps(jobs)], capture_output=True, text=True,
-                          cwd=tmp_path_factory.mktemp("elsewhere"), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def isolated(exported, tmp_path_factory):
+    """{name: (ok, (BACKEND, compiled kernels)) or (False, error)} from the interpreter without nvfp4lib."""
+    probe = tmp_path_factory.mktemp("probe") / "probe.py"
+    probe.write_text(PROBE_FILE)
+    files = {**exported, "probe": probe}
+    results = import_isolated(files.values(), PROBE)
+    outcome = {}
+    for name, file in files.items():
+        ok, value = results[str(file.resolve())]
+        outcome[name] = (ok, ast.literal_eval(value) if ok else value)
+    return outcome
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,19 +234,23 @@ def test_probe_modules_inline_when_consistent(probe_modules):
 # Running without nvfp4lib
 
 
+def test_isolated_interpreter_really_lacks_nvfp4lib(isolated):
+    assert isolated["probe"] == (True, ("No module named 'nvfp4lib'", None))
+
+
 @pytest.mark.parametrize("name", PATHS)
-def test_file_imports_where_nvfp4lib_does_not_exist(clean_imports, name):
-    outcome = clean_imports[name]
-    assert outcome["ok"], outcome.get("error")
-    assert not outcome["nvfp4lib_found"]
-    assert outcome["backend"]
+def test_file_imports_where_nvfp4lib_does_not_exist(isolated, name):
+    ok, value = isolated[name]
+    assert ok, value
+    if name in CUDA_PATHS and not torch.cuda.is_available():
+        assert value[0].startswith("unavailable: the CuTe")
 
 
 @pytest.mark.cute
-@pytest.mark.parametrize("name", CROSS_COMPILE)
-def test_cute_file_compiles_its_kernels_without_nvfp4lib(clean_imports, name):
-    """Tracing a CuTe kernel runs every helper it calls, so a helper missing from the file fails here."""
-    assert clean_imports[name].get("compiled") == CROSS_COMPILE[name], clean_imports[name].get("error")
+def test_cute_file_compiles_its_kernels_without_nvfp4lib(isolated):
+    ok, value = isolated["cute_fast"]
+    assert ok, value
+    assert value[1] and len(value[1]) == len(CROSS_COMPILE)
 
 
 @pytest.mark.parametrize("name", CPU_PATHS)

@@ -13,7 +13,7 @@ from nvfp4lib import suite
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, bytes_moved, generate_input
 
-FAST_PATHS = ["dispatch", "peer-eager", "peer-bf16"]  # the compiled peer is covered by the slow test
+FAST_PATHS = ["peer-eager", "peer-bf16"]  # every path runs in the slow test
 
 
 def _caps(**changes):
@@ -103,7 +103,7 @@ def test_a_correct_path_is_timed_both_ways():
 
     row = suite.measure(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
     assert row["status"] == "ok"
-    assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["timing"] == "wall"
+    assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["kernel_reps"] >= 1
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -135,8 +135,7 @@ def test_quick_cpu_run_end_to_end(tmp_path, capsys):
     csv_path = suite.run(quick=True, out_dir=tmp_path, only=FAST_PATHS, figures_dir=tmp_path / "figs",
                          progress=False)
     assert csv_path == tmp_path / "cpu.csv"
-    here = {p.name for p in suite.discover_paths()[0]}
-    _check_csv(csv_path, [n for n in FAST_PATHS if n in here])
+    _check_csv(csv_path, FAST_PATHS)
     for name in suite.FIGURE_NAMES:
         assert (tmp_path / "figs" / f"{name}.png").stat().st_size > 10_000
     out = capsys.readouterr().out
