@@ -62,7 +62,7 @@ bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<dev
 	$(PY) -m nvfp4lib.suite $(BENCH_ARGS)
 
 bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel and leaderboard time)
-	$(PY) -m nvfp4lib.cute_bench $(BENCH_ARGS)
+	$(PY) -m nvfp4lib.cute_bench
 
 calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json
 	$(PY) -c "from nvfp4lib import dispatch; from nvfp4lib.paths import BUILD_DIR; BUILD_DIR.mkdir(exist_ok=True); dispatch.calibrate(); print(dispatch.save_table(BUILD_DIR / 'dispatch_table.json'))"

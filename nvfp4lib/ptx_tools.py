@@ -50,6 +50,7 @@ def opcode_counts(ptx: str) -> Counter:
 
 
 def kind_of(opcode: str) -> str:
+    """The kind of ``KINDS`` an opcode belongs to (the first whose pattern matches)."""
     return next((kind for kind, pattern in KINDS if pattern.match(opcode)), OTHER)
 
 

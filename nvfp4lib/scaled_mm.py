@@ -91,10 +91,14 @@ _byte_tables: dict = {}
 
 
 def _byte_table(device: torch.device) -> torch.Tensor:
-    """[256, 2] float32: the two decoded values (low nibble first) of every packed byte."""
+    """[256, 2] float32: the two decoded values (low nibble first) of every packed byte.
+
+    Built on the CPU and copied with a blocking copy, so the table is complete before any
+    stream (e.g. a stream pool's) can read it.
+    """
     if device not in _byte_tables:
-        every_byte = torch.arange(256, dtype=torch.uint8, device=device)
-        _byte_tables[device] = decode_e2m1(unpack_fp4(every_byte)).view(256, 2)
+        every_byte = torch.arange(256, dtype=torch.uint8)
+        _byte_tables[device] = decode_e2m1(unpack_fp4(every_byte)).view(256, 2).to(device)
     return _byte_tables[device]
 
 

@@ -33,11 +33,10 @@ from typing import Callable
 import nvfp4lib
 from nvfp4lib.cute_gemv import CuteGemv
 from nvfp4lib.device import capabilities
+from nvfp4lib.evaluate import DIRECTIVE, PACKAGE
 from nvfp4lib.scaled_mm import (describe_path, gemv_scaled_mm_permuted, gemv_scaled_mm_reference,
                                 gemv_scaled_mm_transposed)
 
-PACKAGE = "nvfp4lib"
-DIRECTIVE = "#!POPCORN leaderboard nvfp4_gemv"
 TASK_IMPORT = "from task import input_t, output_t"
 STREAMS = 2  # CUDA streams of the transposed path: batches overlap, host cost stays small
 
@@ -194,54 +193,51 @@ class _Module:
 
     def __init__(self, name: str):
         self.name = name
-        module = importlib.import_module(name)
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            raise ExportError(f"cannot inline from {name}: {err}") from err
         self.is_package = hasattr(module, "__path__")
         self.file = name.replace(".", "/") + ("/__init__.py" if self.is_package else ".py")
-        self.source = inspect.getsource(module)
-        self.lines = self.source.splitlines()
-        tree = ast.parse(self.source)
+        self.lines = inspect.getsource(module).splitlines()
+        tree = ast.parse("\n".join(self.lines))
         self.docstring = ast.get_docstring(tree) or ""
         self.body = tree.body
-        self.statements: dict[str, list[ast.stmt]] = {}  # code, and import blocks
-        self.imports: dict[str, str] = {}  # name -> import line of a third-party module
-        self.from_package: dict[str, tuple[str, str]] = {}  # name -> (nvfp4lib module, its name)
-        self.requires: list[str] = []  # nvfp4lib modules imported at top level (run before this)
+        self.statements: dict[str, list[ast.stmt]] = {}  # name -> the statements binding it
+        self.imports: dict[str, tuple] = {}  # name -> (module or None, name, asname): not nvfp4lib
+        self.from_package: dict[str, tuple[str, str]] = {}  # name -> (nvfp4lib module, its name there)
+        self.requires: list[str] = []  # nvfp4lib modules imported at top level (they run first)
         for stmt in tree.body:
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
-                continue  # docstrings
-            if isinstance(stmt, ast.ImportFrom) and stmt.module == "__future__":
-                continue
             if isinstance(stmt, (ast.Import, ast.ImportFrom)):
                 self._index_import(stmt)
-                continue
-            if _is_main_guard(stmt):
-                continue
-            names = _bound_names(stmt)
-            if not names:
-                raise ExportError(f"{self.file}:{stmt.lineno}: a top-level statement that binds no name "
-                                  f"cannot be inlined (it would run only as a side effect); move it into a function")
-            for name in names:
-                self.statements.setdefault(name, []).append(stmt)
+            elif not (_is_docstring(stmt) or _is_main_guard(stmt)):
+                names = _bound_names(stmt)
+                if not names:
+                    raise ExportError(f"{self.file}:{stmt.lineno}: a top-level statement that binds no name cannot "
+                                      f"be inlined (it would only run for its side effect); move it into a function")
+                for name in names:
+                    self.statements.setdefault(name, []).append(stmt)
 
     def _index_import(self, stmt: ast.Import | ast.ImportFrom) -> None:
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
-                bound = (alias.asname or alias.name).split(".")[0]
+                bound = alias.asname or alias.name.split(".")[0]
                 if _is_package_module(alias.name):
                     self.from_package[bound] = (PACKAGE, "")  # the package object itself
                 else:
-                    self.imports[bound] = f"import {alias.name}" + (f" as {alias.asname}" if alias.asname else "")
+                    self.imports[bound] = (None, alias.name, alias.asname)
+            return
+        if stmt.module == "__future__":
             return
         target = _package_target(self.name, self.is_package, stmt)
         for alias in stmt.names:
-            bound = alias.asname or alias.name
             if target is None:
-                self.imports[bound] = (stmt.module, alias.name, alias.asname)
+                self.imports[alias.asname or alias.name] = (stmt.module, alias.name, alias.asname)
+            elif alias.asname and alias.asname != alias.name:
+                raise ExportError(f"{self.file}:{stmt.lineno}: 'import {alias.name} as {alias.asname}' from "
+                                  f"{target}: a renamed import cannot be inlined; import the name as it is")
             else:
-                self.from_package[bound] = (target, alias.name)
-                if alias.asname and alias.asname != alias.name:
-                    raise ExportError(f"{self.file}:{stmt.lineno}: 'import {alias.name} as {alias.asname}' from "
-                                      f"{target}: renamed imports cannot be inlined; import the name as it is")
+                self.from_package[alias.name] = (target, alias.name)
         if target is not None and target not in self.requires:
             self.requires.append(target)
 
@@ -253,67 +249,72 @@ class _Module:
         while first > 1 and self.lines[first - 2].startswith("#"):
             first -= 1
         last = stmt.end_lineno
-        following = self.body.index(stmt) + 1
-        if (isinstance(stmt, (ast.Assign, ast.AnnAssign)) and following < len(self.body)
-                and isinstance(self.body[following], ast.Expr)
-                and isinstance(self.body[following].value, ast.Constant)
-                and isinstance(self.body[following].value.value, str)):
-            last = self.body[following].end_lineno
+        following = self.body[self.body.index(stmt) + 1:][:1]
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and following and _is_docstring(following[0]):
+            last = following[0].end_lineno
         lines = {n: self.lines[n - 1] for n in range(first, last + 1)}
         needed = []
         for parent in ast.walk(stmt):
             for body in (getattr(parent, f, None) for f in ("body", "orelse", "finalbody")):
-                if not isinstance(body, list):
-                    continue
-                for node in body:
-                    if not isinstance(node, (ast.Import, ast.ImportFrom)) or node is stmt:
+                for node in body if isinstance(body, list) else ():
+                    target = self._local_package_import(node)
+                    if target is None or node is stmt:
                         continue
-                    target = (_package_target(self.name, self.is_package, node) if isinstance(node, ast.ImportFrom) else
-                              next((a.name for a in node.names if _is_package_module(a.name)), None))
-                    if target is None:
-                        continue  # a local import of an optional dependency stays where it is
-                    if isinstance(node, ast.Import) or any(a.asname for a in node.names):
-                        raise ExportError(f"{self.file}:{node.lineno}: only 'from {PACKAGE}.x import y' can be "
-                                          f"inlined from inside a function")
-                    needed += [(target, a.name) for a in node.names]
+                    needed += [(target, alias.name) for alias in node.names]
                     for n in range(node.lineno, node.end_lineno + 1):
-                        lines.pop(n, None)
-                    if len(body) == 1:  # the import was the whole block: keep it a valid block
+                        del lines[n]
+                    if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
         return "\n".join(lines[n] for n in sorted(lines)), needed
 
+    def _local_package_import(self, node) -> str | None:
+        """The nvfp4lib module a function-local import reads from; None for other statements."""
+        if isinstance(node, ast.Import) and any(_is_package_module(a.name) for a in node.names):
+            raise ExportError(f"{self.file}:{node.lineno}: inside a function only 'from {PACKAGE}.x import y' "
+                              f"can be inlined")
+        if not isinstance(node, ast.ImportFrom):
+            return None
+        target = _package_target(self.name, self.is_package, node)
+        if target is not None and any(a.asname for a in node.names):
+            raise ExportError(f"{self.file}:{node.lineno}: a renamed import cannot be inlined")
+        return target
 
-@dataclass
-class _Collected:
-    modules: dict[str, _Module] = field(default_factory=dict)
-    statements: dict[str, dict[int, ast.stmt]] = field(default_factory=dict)  # module -> {id: stmt}
-    texts: dict[int, str] = field(default_factory=dict)
-    imports: dict[str, object] = field(default_factory=dict)  # bound name -> import
-    owner: dict[str, tuple] = field(default_factory=dict)  # bound name -> who defines it
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _import_line(item: tuple) -> str:
+    module, name, asname = item
+    line = f"import {name}" if module is None else f"from {module} import {name}"
+    return line + (f" as {asname}" if asname else "")
 
 
 class _Inliner:
-    """Collects the statements a set of nvfp4lib objects needs, following names transitively."""
+    """Collects the statements some nvfp4lib objects need, following names transitively."""
 
-    def __init__(self):
-        self.c = _Collected()
+    def __init__(self, reserved: tuple[str, ...] = ()):
+        self.modules: dict[str, _Module] = {}
+        self.taken: dict[str, dict[int, ast.stmt]] = {}  # module -> {id(stmt): stmt}, in order taken
+        self.texts: dict[int, str] = {}  # id(stmt) -> its source as inlined
+        self.imports: set[tuple] = set()  # third-party and standard-library imports
+        self.owner: dict[str, str] = {name: "the generated entry point" for name in reserved}
         self._done: set[tuple[str, str]] = set()
 
     def module(self, name: str) -> _Module:
-        if name not in self.c.modules:
-            try:
-                self.c.modules[name] = _Module(name)
-            except ImportError as err:
-                raise ExportError(f"cannot inline from {name}: {err}") from err
-        return self.c.modules[name]
+        if name not in self.modules:
+            self.modules[name] = _Module(name)
+        return self.modules[name]
 
-    def _claim(self, name: str, owner: tuple, where: str) -> None:
-        previous = self.c.owner.setdefault(name, owner)
+    def _claim(self, name: str, owner: str, where: str) -> None:
+        """One file is one namespace: a name may come from one place only."""
+        previous = self.owner.setdefault(name, owner)
         if previous != owner:
-            raise ExportError(f"name clash: {name!r} is defined by {_describe(previous)} and by {_describe(owner)} "
-                              f"(needed by {where}); one file has one namespace, so rename one of them")
+            raise ExportError(f"name clash: {name!r} is defined by {previous} and by {owner} (needed by {where}); "
+                              f"rename one of them")
 
     def need(self, module_name: str, name: str, where: str) -> None:
+        """Take what defines `name` in `module_name` (and, recursively, what that uses)."""
         if (module_name, name) in self._done:
             return
         self._done.add((module_name, name))
@@ -323,128 +324,95 @@ class _Inliner:
             if not original or (self.module(target).is_package
                                 and importlib.util.find_spec(f"{target}.{original}") is not None):
                 what = f"the {PACKAGE} package" if not original else f"the module {target}.{original}"
-                raise ExportError(f"{mod.file}: {where} uses {name!r}, {what} itself; only names imported "
-                                  f"from a module (from {PACKAGE}.x import y) can be inlined")
+                raise ExportError(f"{mod.file}: {where} uses {name!r}, {what} itself; only names imported from a "
+                                  f"module (from {PACKAGE}.x import y) can be inlined")
             self.need(target, original, f"{module_name}.{name}")
         elif name in mod.statements:
             for stmt in mod.statements[name]:
-                self._take(mod, stmt, name)
+                self._take(mod, stmt, f"{module_name}.{name}")
         elif name in mod.imports:
-            self._claim(name, ("import", mod.imports[name]), where)
-            self.c.imports[name] = mod.imports[name]
-        elif hasattr(builtins, name):
-            return
-        else:
+            self._claim(name, f"an import ({_import_line(mod.imports[name])})", where)
+            self.imports.add(mod.imports[name])
+        elif not hasattr(builtins, name):
             raise ExportError(f"{mod.file}: {where} uses {name!r}, which {module_name} does not define or import "
                               f"at module level")
 
-    def _take(self, mod: _Module, stmt: ast.stmt, name: str) -> None:
-        kind = "import block" if _is_import_block(stmt) else "code"
-        for bound in _bound_names(stmt):
-            self._claim(bound, (kind, mod.name, stmt.lineno, mod.file), f"{mod.name}.{name}")
-        taken = self.c.statements.setdefault(mod.name, {})
+    def _take(self, mod: _Module, stmt: ast.stmt, label: str) -> None:
+        bound = _bound_names(stmt)
+        for name in bound:
+            self._claim(name, f"{mod.file} line {stmt.lineno}", label)
+        taken = self.taken.setdefault(mod.name, {})
         if id(stmt) in taken:
             return
         taken[id(stmt)] = stmt
-        text, local_imports = mod.text(stmt)
-        self.c.texts[id(stmt)] = text
-        label = f"{mod.name}.{name}"
+        self.texts[id(stmt)], local_imports = mod.text(stmt)
         for target, original in local_imports:
-            self.need(self.module(target).name, original, label)
-        provided = _bound_names(stmt) | {original for _, original in local_imports}
-        for ref in sorted(_global_references(text) - provided):
+            self.need(target, original, label)
+        provided = bound | {original for _, original in local_imports}
+        for ref in sorted(_global_references(self.texts[id(stmt)]) - provided):
             self.need(mod.name, ref, label)
 
+    def module_order(self) -> list[str]:
+        """Modules with the ones they import at top level first, as Python would run them: sorted
+        by the length of their longest chain of top-level imports, then by name."""
+        depth: dict[str, int] = {}
 
-def _describe(owner: tuple) -> str:
-    if owner[1] == "<generated>":
-        return owner[3]
-    if owner[0] == "import":
-        return f"an import ({_import_line(owner[1])})"
-    return f"{owner[3]} line {owner[2]}"
+        def chain(name: str) -> int:
+            if name not in depth:
+                requires = self.modules[name].requires if name in self.modules else ()
+                depth[name] = 1 + max((chain(dep) for dep in requires), default=-1)
+            return depth[name]
 
+        return sorted(self.taken, key=lambda name: (chain(name), name))
 
-def _import_line(item) -> str:
-    if isinstance(item, str):
-        return item
-    module, name, asname = item
-    return f"from {module} import {name}" + (f" as {asname}" if asname else "")
+    def imports_section(self) -> str:
+        """Standard library, then third-party imports, then import blocks (optional dependencies)."""
+        plain = sorted(_import_line(item) for item in self.imports if item[0] is None)
+        grouped: dict[str, list[str]] = {}
+        for module, name, asname in sorted(self.imports - {i for i in self.imports if i[0] is None}):
+            grouped.setdefault(module, []).append(name + (f" as {asname}" if asname else ""))
+        lines = plain + [f"from {module} import {', '.join(names)}" for module, names in sorted(grouped.items())]
+        stdlib = [line for line in lines if line.split()[1].split(".")[0] in sys.stdlib_module_names]
+        groups = ["\n".join(stdlib), "\n".join(line for line in lines if line not in stdlib)]
+        for module_name in self.module_order():
+            groups += [self.texts[key] for key, stmt in self.taken[module_name].items() if _is_import_block(stmt)]
+        return "\n\n".join(group for group in groups if group)
 
-
-def _module_order(c: _Collected) -> list[str]:
-    """Modules with the ones they import at top level first, as Python would run them: sorted by
-    the length of their longest chain of top-level imports, then by name."""
-    depth: dict[str, int] = {}
-
-    def chain(name: str) -> int:
-        if name not in depth:
-            mod = c.modules.get(name)
-            depth[name] = 1 + max((chain(dep) for dep in (mod.requires if mod else ())), default=-1)
-        return depth[name]
-
-    return sorted(c.statements, key=lambda name: (chain(name), name))
-
-
-def _imports_section(c: _Collected) -> list[str]:
-    """Standard library, then third-party imports, then import blocks (optional dependencies)."""
-    plain, grouped, blocks = [], {}, []
-    for item in c.imports.values():
-        if isinstance(item, str):
-            plain.append(item)
-        else:
-            module, name, asname = item
-            grouped.setdefault(module, set()).add(name + (f" as {asname}" if asname else ""))
-    lines = sorted(set(plain)) + [f"from {m} import {', '.join(sorted(n))}" for m, n in grouped.items()]
-    stdlib = [line for line in lines if line.split()[1].split(".")[0] in sys.stdlib_module_names]
-    third_party = [line for line in lines if line not in stdlib]
-    for module_name in _module_order(c):
-        blocks += [c.texts[i] for i, stmt in c.statements[module_name].items() if _is_import_block(stmt)]
-    groups = [sorted(stdlib, key=_import_key), sorted(third_party, key=_import_key), *blocks]
-    return "\n\n".join("\n".join(g) if isinstance(g, list) else g for g in groups if g).splitlines()
-
-
-def _import_key(line: str) -> tuple:
-    return line.startswith("from "), line.split()[1]
-
-
-def _join(texts: list[tuple[ast.stmt, str]]) -> str:
-    """Statements in source order: simple ones one line apart, definitions two blank lines apart."""
-    out = ""
-    for i, (stmt, text) in enumerate(texts):
-        if i:
-            simple = not isinstance(stmt, _DEFINITIONS) and not isinstance(texts[i - 1][0], _DEFINITIONS)
-            out += "\n" if simple else "\n\n\n"
-        out += text
-    return out
+    def code_section(self) -> str:
+        """The taken statements, module by module, each module headed by its file and summary."""
+        sections = []
+        for module_name in self.module_order():
+            stmts = sorted((s for s in self.taken[module_name].values() if not _is_import_block(s)),
+                           key=lambda s: s.lineno)
+            if not stmts:
+                continue
+            mod = self.modules[module_name]
+            summary = textwrap.wrap(mod.docstring.split("\n\n")[0].replace("\n", " "), 94)
+            rule = f"# {'=' * 96}"
+            header = "\n".join([rule, f"# {mod.file}", *(f"# {line}" for line in summary), rule])
+            body = ""
+            for previous, stmt in zip([None] + stmts, stmts):
+                if previous is not None:  # simple statements one line apart, definitions two blank lines
+                    body += "\n" if not isinstance(stmt, _DEFINITIONS) and not isinstance(previous, _DEFINITIONS) \
+                        else "\n\n\n"
+                body += self.texts[id(stmt)]
+            sections.append(header + "\n\n" + body)
+        return "\n\n\n".join(sections)
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def inline_objects(objects: list, extra_names: tuple[str, ...] = ()) -> tuple[str, str]:
+def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, str]:
     """(imports, code): the source of nvfp4lib `objects` and of everything they use, module by
-    module in import order. `extra_names` are names the caller will define (clashes are errors)."""
-    inliner = _Inliner()
-    for name in extra_names:
-        inliner.c.owner[name] = ("code", "<generated>", 0, "the generated entry point")
+    module in import order. `reserved` are names the caller defines itself (clashes are errors)."""
+    inliner = _Inliner(reserved)
     for obj in objects:
         module = getattr(obj, "__module__", None)
         if not _is_package_module(module) or not hasattr(obj, "__name__"):
             raise ExportError(f"{obj!r}: only functions and classes defined in {PACKAGE} can be inlined")
         inliner.need(module, obj.__name__, "the entry point")
-    c = inliner.c
-    sections = []
-    for module_name in _module_order(c):
-        stmts = [s for s in c.statements[module_name].values() if not _is_import_block(s)]
-        if not stmts:
-            continue
-        mod = c.modules[module_name]
-        summary = mod.docstring.split("\n\n")[0].replace("\n", " ")
-        header = [f"# {'=' * 96}", f"# {mod.file}"]
-        header += [f"# {line}" for line in textwrap.wrap(summary, 94)] + [f"# {'=' * 96}"]
-        body = _join([(s, c.texts[id(s)]) for s in sorted(stmts, key=lambda s: s.lineno)])
-        sections.append("\n".join(header) + "\n\n" + body)
-    return "\n".join(_imports_section(c)), "\n\n\n".join(sections)
+    return inliner.imports_section(), inliner.code_section()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,7 +440,7 @@ def export_source(path: str, *, streams: int | None = None) -> str:
         kwargs["streams"] = streams
     generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "NEEDS_CUDA",
                  "BACKEND", "KERNEL")
-    imports, code = inline_objects([spec.entry] + ([describe_path] if not spec.factory else []), generated)
+    imports, code = inline_objects([spec.entry] + ([describe_path] if not spec.factory else []), reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = f"python -m nvfp4lib.submission --path {path}" + (f" --streams {streams}" if streams is not None else "")
     header = [
