@@ -68,6 +68,11 @@ calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> bu
 	$(PY) -c "from nvfp4lib import dispatch; from nvfp4lib.paths import BUILD_DIR; BUILD_DIR.mkdir(exist_ok=True); dispatch.calibrate(); print(dispatch.save_table(BUILD_DIR / 'dispatch_table.json'))"
 
 # ---- submission: the leaderboard submission file ---------------------------------------
+SUBMISSION ?= hybrid
+.PHONY: submission
+submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: python -m nvfp4lib.submission --list) to build/submission.py and check it
+	$(PY) -m nvfp4lib.submission --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py
+	$(PY) -m nvfp4lib.evaluate $(BUILD_DIR)/submission.py
 
 # ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
 

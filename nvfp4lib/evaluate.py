@@ -192,12 +192,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_case(kernel: Callable, data, shape: Shape, case: str, previous: torch.Tensor | None = None,
-             inputs_changed: bool = False):
+def run_case(kernel: Callable, data, shape: Shape, case: str, earlier=()):
     """One call on poisoned output, checked against the reference -> (CaseResult, output copy).
 
-    `previous` is the output of the call before, on other inputs: an output equal to it is stale.
-    `inputs_changed` says that this call's inputs replaced earlier ones (in place or not)."""
+    `earlier` are outputs of earlier calls on other inputs: an output equal to one of them is
+    reported as stale (a result cached across calls)."""
     device = data[0].device
     poison_(data[6])
     try:
@@ -217,11 +216,9 @@ def run_case(kernel: Callable, data, shape: Shape, case: str, previous: torch.Te
     if n_nan:
         why = (f"unwritten output: {n_nan} of {copy.numel()} elements still hold the NaN that c was "
                f"filled with before the call")
-    elif previous is not None and previous.shape == copy.shape and torch.equal(previous, copy):
-        why = ("stale result: the output is the previous call's, although the inputs are new "
+    elif any(e.shape == copy.shape and torch.equal(e, copy) for e in earlier):
+        why = ("stale result: the output is an earlier call's, although the inputs are new "
                "(results must not be cached across calls)")
-    elif inputs_changed:
-        why = "wrong result after the inputs changed (a result cached from an earlier call?)"
     else:
         why = "wrong result"
     return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
@@ -243,7 +240,7 @@ def run_tests(kernel: Callable, shapes, device, seed: int = 0, log: Callable[[st
             return generate_input(*shape, seed=base + offset, mode=mode, device=device)
 
         full = data(1)
-        previous = None
+        earlier = []
         for case in CASES:
             if case == CASES[0]:
                 inputs = data(0, "leaderboard")
@@ -253,7 +250,8 @@ def run_tests(kernel: Callable, shapes, device, seed: int = 0, log: Callable[[st
                 _overwrite(full, data(2))  # same tensors (and the same tuple), new values
             else:
                 inputs = data(3)
-            result, previous = run_case(kernel, inputs, shape, case, previous, inputs_changed=case in CASES[2:])
+            result, output = run_case(kernel, inputs, shape, case, earlier)
+            earlier += [output] if output is not None else []
             results.append(result)
             if log:
                 log(result.line())
@@ -404,8 +402,8 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes
     if report.backend:
         say(f"backend: {report.backend}")
     if getattr(module, "NEEDS_CUDA", False) and not caps.cuda:
-        report.skipped = (f"{path} ({report.submission_path or 'this submission'}) needs a CUDA GPU; "
-                          f"it imports here, but no check can run on {caps.summary()}")
+        report.skipped = (f"{report.submission_path or Path(path).name} needs a CUDA GPU: the file imports "
+                          f"here, but no check can run without one")
         say(report.summary())
         return report
     kernel = module.custom_kernel

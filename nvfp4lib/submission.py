@@ -76,7 +76,7 @@ def hybrid_kernel():
             return f"CuTe DSL 'fast' kernel for {caps.cute_arch}", CuteGemv("fast")
         except Exception as err:  # noqa: BLE001 - e.g. a GPU the kernel does not compile for
             print(f"hybrid: CuTe kernel unavailable ({type(err).__name__}: {err}); "
-                  "using torch._scaled_mm", file=sys.stderr)
+                  "falling back to torch._scaled_mm or its emulation", file=sys.stderr)
     if caps.fp4_gemm:
         kernel = functools.partial(gemv_scaled_mm_transposed, streams=STREAMS)
         return f"torch._scaled_mm, transposed, {STREAMS} streams ({describe_path('cuda')})", kernel

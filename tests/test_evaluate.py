@@ -158,7 +158,7 @@ def test_result_cached_by_shape_is_stale(folder):
     for shape in SHAPES:
         assert _case(report, shape, "leaderboard data").ok
         for case in CASES[1:]:
-            assert _case(report, shape, case).message.startswith("stale result: the output is the previous call's")
+            assert _case(report, shape, case).message.startswith("stale result: the output is an earlier call's")
 
 
 def test_result_cached_by_input_identity_is_stale(folder):

@@ -43,6 +43,12 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-dev-shm-usage", "--window-size=1400,1000", "--remote-debugging-address=127.0.0.1",
                   "--remote-debugging-port=0")
+# Lab settings for the throw-away settings folder: never autosave (the notebooks under the server's
+# root are the committed ones) and never ask about news.
+LAB_SETTINGS = {
+    "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
+    "@jupyterlab/apputils-extension/notification": {"fetchNews": "false", "checkForUpdates": False},
+}
 SERVER_START_S = 90
 CELL_TIMEOUT_S = 300
 PAGE_TIMEOUT_S = 120
@@ -133,7 +139,7 @@ class LabServer:
 
     def _env(self) -> dict:
         env = dict(os.environ)
-        for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
+        for name in ("JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_SETTINGS_DIR",
                      "JUPYTERLAB_WORKSPACES_DIR", "IPYTHONDIR"):
             env[name] = str(self.workdir / name.lower())
         # The kernel imports nvfp4lib from this checkout and is this interpreter's own python3.
@@ -144,6 +150,10 @@ class LabServer:
         return env
 
     def start(self) -> None:
+        for plugin, values in LAB_SETTINGS.items():
+            path = self.workdir / "jupyterlab_settings_dir" / f"{plugin}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
         cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser",
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
@@ -188,6 +198,20 @@ class LabServer:
 
     def ws_url(self, path: str) -> str:
         return f"ws://127.0.0.1:{self.port}{path}"
+
+    def listening_addresses(self) -> set[str] | None:
+        """Local addresses with a listening TCP socket on our port, from /proc (None where there is no /proc)."""
+        found = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            if not os.path.exists(table):
+                return None
+            with open(table) as f:
+                for line in f.readlines()[1:]:
+                    local, state = line.split()[1], line.split()[3]
+                    address, port = local.split(":")
+                    if state == "0A" and int(port, 16) == self.port:
+                        found.add(address)
+        return found
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -269,8 +293,6 @@ def run_notebook(server: LabServer, path: str, *, small: bool = True,
             cells.append((i, "small = True  # injected: small mode"))
     sess = server.api("POST", "/api/sessions", {"path": path, "type": "notebook", "name": Path(path).name,
                                                  "kernel": {"name": "python3"}})
-    wait_until(lambda: server.api("GET", f"/api/kernels/{sess['kernel']['id']}")["execution_state"]
-               in ("idle", "busy"), 60, "the kernel to start")
     return sess, asyncio.run(_execute_cells(server, sess["kernel"]["id"], cells, timeout))
 
 
