@@ -75,6 +75,10 @@ submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: python -
 	$(PY) -m nvfp4lib.evaluate $(BUILD_DIR)/submission.py
 
 # ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
+SANITIZE_ARGS ?=
+.PHONY: sanitize
+sanitize: $(SETUP) ## compute-sanitizer memcheck + racecheck of the CuTe kernels (GPU; says why and skips elsewhere)
+	$(PY) tools/sanitize.py $(SANITIZE_ARGS)
 
 clean: ## remove build outputs and caches (keeps .venv and figures/)
 	rm -rf $(BUILD_DIR) .pytest_cache .hypothesis

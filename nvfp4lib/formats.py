@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4lib.validate import NVFP4InputError
+from nvfp4lib.validate import NVFP4InputError, require_real, require_tensor
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
@@ -29,6 +29,7 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     Ties go to the even code because an even code has mantissa bit 0, which is what
     IEEE round-half-to-even means for this format. The sign of zero is kept.
     """
+    require_real(x, "x")
     if torch.isnan(x).any():
         raise NVFP4InputError("x: expected finite values to encode as E2M1, got NaN")
     mag = x.abs().float().clamp(max=FP4_MAX)
@@ -40,21 +41,31 @@ def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
     return code | (torch.signbit(x).to(torch.uint8) << 3)
 
 
-def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """Table lookup code -> float32 (the table is the definition, so no bit tricks)."""
+def _check_codes(codes) -> None:
+    """uint8 values 0..15: a larger value has no E2M1 meaning (and would index past the table)."""
+    require_tensor(codes, "codes")
     if codes.dtype != torch.uint8:
         raise NVFP4InputError(f"codes: expected uint8 E2M1 codes, got {codes.dtype}")
+    # (not inside torch.compile: a data-dependent check there would split the compiled graph)
+    if codes.numel() and not torch.compiler.is_compiling() and int(codes.max()) > 15:
+        raise NVFP4InputError(f"codes: expected E2M1 codes 0..15, got a maximum of {int(codes.max())}")
+
+
+def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
+    """Table lookup code -> float32 (the table is the definition, so no bit tricks)."""
+    _check_codes(codes)
     table = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=codes.device)
     return table[codes.long()]
 
 
-def fp4_bytes(t: torch.Tensor) -> torch.Tensor:
+def fp4_bytes(t: torch.Tensor, name: str = "t") -> torch.Tensor:
     """Byte view (no copy) of packed FP4 data given as uint8 or float4_e2m1fn_x2."""
+    require_tensor(t, name)
     if t.dtype == torch.uint8:
         return t
     if t.dtype == torch.float4_e2m1fn_x2:
         return t.view(torch.uint8)
-    raise NVFP4InputError(f"t: expected uint8 or float4_e2m1fn_x2, got {t.dtype}")
+    raise NVFP4InputError(f"{name}: expected uint8 or float4_e2m1fn_x2, got {t.dtype}")
 
 
 def as_fp4x2(t: torch.Tensor) -> torch.Tensor:
@@ -64,21 +75,23 @@ def as_fp4x2(t: torch.Tensor) -> torch.Tensor:
 
 def pack_fp4(codes: torch.Tensor) -> torch.Tensor:
     """codes[..., K] -> bytes[..., K/2]; the even K index goes to the LOW nibble."""
-    if codes.dtype != torch.uint8:
-        raise NVFP4InputError(f"codes: expected uint8 E2M1 codes, got {codes.dtype}")
-    if codes.shape[-1] % 2:
+    _check_codes(codes)
+    if codes.dim() == 0 or codes.shape[-1] % 2:
         raise NVFP4InputError(f"codes: expected an even last dimension, got shape {tuple(codes.shape)}")
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
 def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     """bytes[..., K/2] (uint8 or float4_e2m1fn_x2) -> codes[..., K], low nibble first."""
-    b = fp4_bytes(packed)
+    b = fp4_bytes(packed, "packed")
+    if b.dim() == 0:
+        raise NVFP4InputError(f"packed: expected at least 1 dimension (K/2 bytes last), got shape {tuple(b.shape)}")
     return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
 
 
 def decode_e4m3(t: torch.Tensor) -> torch.Tensor:
     """E4M3 scales (float8_e4m3fn or their uint8 bits) -> float32."""
+    require_tensor(t, "t")
     if t.dtype == torch.uint8:
         t = t.view(torch.float8_e4m3fn)
     if t.dtype != torch.float8_e4m3fn:
@@ -88,6 +101,9 @@ def decode_e4m3(t: torch.Tensor) -> torch.Tensor:
 
 def encode_e4m3(x: torch.Tensor) -> torch.Tensor:
     """float -> float8_e4m3fn, saturating at +-448 (a plain cast would give NaN)."""
+    require_real(x, "x")
+    if torch.isnan(x).any():
+        raise NVFP4InputError("x: expected values to encode as E4M3 (Inf saturates), got NaN")
     return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
@@ -106,7 +122,8 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: float | None = None) -> NVFP4T
     The fp32 global scale (amax / (6 * 448)) lets every block scale fit E4M3's range;
     each 16-element block then gets the E4M3 scale that maps its amax to 6.
     """
-    if x.shape[-1] % BLOCK_SIZE:
+    require_real(x, "x")
+    if x.dim() == 0 or x.shape[-1] % BLOCK_SIZE:
         raise NVFP4InputError(
             f"x: expected the last dimension to be a multiple of {BLOCK_SIZE}, got shape {tuple(x.shape)}")
     x = x.float()
@@ -115,11 +132,17 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: float | None = None) -> NVFP4T
     if global_scale is None:
         amax = x.abs().max().item() if x.numel() else 0.0
         global_scale = amax / (FP4_MAX * E4M3_MAX) if amax > 0 else 1.0
-    if not (math.isfinite(global_scale) and global_scale > 0):
-        raise NVFP4InputError(f"global_scale: expected a finite positive float, got {global_scale}")
-    blocks = x.unflatten(-1, (-1, BLOCK_SIZE))
+    try:
+        ok = math.isfinite(global_scale) and global_scale > 0
+    except TypeError:
+        ok = False
+    if not ok:
+        raise NVFP4InputError(f"global_scale: expected a finite positive float, got {global_scale!r}")
+    # float64: for amax below ~3e-35 the global scale is no normal float32, and float32 math would
+    # round it (or flush it to zero) and lose the data
+    blocks = x.double().unflatten(-1, (-1, BLOCK_SIZE))
     scales = encode_e4m3(blocks.abs().amax(-1) / FP4_MAX / global_scale)
-    denom = (decode_e4m3(scales) * global_scale).unsqueeze(-1)
+    denom = (decode_e4m3(scales).double() * global_scale).unsqueeze(-1)
     # A block whose scale is zero (all zeros, or too small for E4M3) decodes to zero anyway.
     scaled = torch.where(denom > 0, blocks / torch.where(denom > 0, denom, 1.0), 0.0)
     codes = pack_fp4(encode_e2m1(scaled.flatten(-2)))
@@ -128,6 +151,15 @@ def quantize_nvfp4(x: torch.Tensor, global_scale: float | None = None) -> NVFP4T
 
 def dequantize_nvfp4(q: NVFP4Tensor) -> torch.Tensor:
     """Decode codes and both scale levels back to float32 values."""
+    if not isinstance(q, NVFP4Tensor):
+        raise NVFP4InputError(f"q: expected an NVFP4Tensor, got {type(q).__name__}")
+    codes, scales = fp4_bytes(q.codes, "q.codes"), require_tensor(q.scales, "q.scales")
+    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise NVFP4InputError(f"q.scales: expected float8_e4m3fn or uint8, got {scales.dtype}")
+    want = (*codes.shape[:-1], 2 * codes.shape[-1] // BLOCK_SIZE) if codes.dim() else None
+    if want is None or codes.shape[-1] % (BLOCK_SIZE // 2) or tuple(scales.shape) != want:
+        raise NVFP4InputError(f"q.scales: expected shape {want} (one per {BLOCK_SIZE} codes of q.codes "
+                              f"{tuple(codes.shape)}), got {tuple(scales.shape)}")
     values = decode_e2m1(unpack_fp4(q.codes)).unflatten(-1, (-1, BLOCK_SIZE))
     scaled = values * decode_e4m3(q.scales).unsqueeze(-1) * q.global_scale
     return scaled.flatten(-2)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4lib.validate import NVFP4InputError, strides_match
+from nvfp4lib.validate import NVFP4InputError, require_tensor, strides_match
 
 ROWS_PER_TILE = 128
 COLS_PER_TILE = 4
@@ -27,12 +27,13 @@ def permuted_strides(rest_mn: int, rest_k: int, l: int) -> tuple[int, ...]:
     return (16, 4, rest_k * ATOM_BYTES, 1, ATOM_BYTES, rest_mn * rest_k * ATOM_BYTES)
 
 
-def _bytes(sf: torch.Tensor) -> torch.Tensor:
+def _bytes(sf: torch.Tensor, name: str) -> torch.Tensor:
+    require_tensor(sf, name)
     if sf.dtype == torch.float8_e4m3fn:
         return sf.view(torch.uint8)
     if sf.dtype == torch.uint8:
         return sf
-    raise NVFP4InputError(f"sf: expected float8_e4m3fn or uint8 scales, got {sf.dtype}")
+    raise NVFP4InputError(f"{name}: expected float8_e4m3fn or uint8 scales, got {sf.dtype}")
 
 
 def _tiles(sf_lmk: torch.Tensor) -> torch.Tensor:
@@ -56,47 +57,50 @@ def _untile(tiles: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
 
 def to_permuted(sf: torch.Tensor) -> torch.Tensor:
     """Plain [MN, K/16, L] (or [MN, K/16] meaning L = 1) -> [32, 4, rest_mn, 4, rest_k, L]."""
+    require_tensor(sf, "sf")
     if sf.dim() == 2:
         sf = sf.unsqueeze(-1)
     if sf.dim() != 3:
         raise NVFP4InputError(f"sf: expected [MN, K/16, L] or [MN, K/16], got shape {tuple(sf.shape)}")
-    tiles = _tiles(_bytes(sf).permute(2, 0, 1))
+    tiles = _tiles(_bytes(sf, "sf").permute(2, 0, 1))
     return tiles.view(sf.dtype).permute(3, 4, 1, 5, 2, 0)
 
 
 def from_permuted(sfp: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """[32, 4, rest_mn, 4, rest_k, L] -> plain [MN, K/16, L] (view of a contiguous (L, MN, K/16))."""
+    require_tensor(sfp, "sfp")
     if sfp.dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
         raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
     if tuple(sfp.shape[2:5:2]) != scale_tile_counts(mn, k_blocks):
         raise NVFP4InputError(
             f"sfp: expected rest_mn, rest_k = {scale_tile_counts(mn, k_blocks)} for mn={mn}, "
             f"k_blocks={k_blocks}, got shape {tuple(sfp.shape)}")
-    tiles = _bytes(sfp).permute(5, 2, 4, 0, 1, 3)
+    tiles = _bytes(sfp, "sfp").permute(5, 2, 4, 0, 1, 3)
     return _untile(tiles, mn, k_blocks).view(sfp.dtype).permute(1, 2, 0)
 
 
 def to_blocked(sf2d: torch.Tensor) -> torch.Tensor:
     """Plain [MN, K/16] -> flat cuBLAS 128x4 blocked buffer (what torch._scaled_mm takes)."""
-    if sf2d.dim() != 2:
+    if require_tensor(sf2d, "sf2d").dim() != 2:
         raise NVFP4InputError(f"sf2d: expected [MN, K/16], got shape {tuple(sf2d.shape)}")
-    return _tiles(_bytes(sf2d).unsqueeze(0)).view(sf2d.dtype).view(-1)
+    return _tiles(_bytes(sf2d, "sf2d").unsqueeze(0)).view(sf2d.dtype).view(-1)
 
 
 def from_blocked(flat: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """Flat cuBLAS blocked buffer -> plain contiguous [MN, K/16]."""
     rest_mn, rest_k = scale_tile_counts(mn, k_blocks)
-    if flat.dim() != 1 or flat.numel() != rest_mn * rest_k * ATOM_BYTES:
+    if require_tensor(flat, "flat").dim() != 1 or flat.numel() != rest_mn * rest_k * ATOM_BYTES:
         raise NVFP4InputError(
             f"flat: expected 1-D with {rest_mn * rest_k * ATOM_BYTES} elements for mn={mn}, "
             f"k_blocks={k_blocks}, got shape {tuple(flat.shape)}")
-    tiles = _bytes(flat).view(1, rest_mn, rest_k, 32, 4, COLS_PER_TILE)
+    tiles = _bytes(flat, "flat").view(1, rest_mn, rest_k, 32, 4, COLS_PER_TILE)
     return _untile(tiles, mn, k_blocks)[0].view(flat.dtype)
 
 
 def _check_permuted_storage(sfp: torch.Tensor) -> None:
-    if sfp.dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
+    if require_tensor(sfp, "sfp").dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
         raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+    _bytes(sfp, "sfp")  # the dtype
     rest_mn, rest_k, l = sfp.shape[2], sfp.shape[4], sfp.shape[5]
     want = permuted_strides(rest_mn, rest_k, l)
     if not strides_match(sfp, want):
@@ -114,4 +118,7 @@ def permuted_as_blocked_batches(sfp: torch.Tensor) -> torch.Tensor:
 
 def permuted_as_blocked(sfp: torch.Tensor, l: int) -> torch.Tensor:
     """Batch l of the permuted scales as a flat cuBLAS blocked buffer; a view, no copy."""
-    return permuted_as_blocked_batches(sfp)[l]
+    batches = permuted_as_blocked_batches(sfp)
+    if not 0 <= l < batches.shape[0]:
+        raise NVFP4InputError(f"l: expected 0 <= l < {batches.shape[0]}, got {l}")
+    return batches[l]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.formats import BLOCK_SIZE, NVFP4Tensor, decode_e2m1, decode_e4m3, dequantize_nvfp4, unpack_fp4
+from nvfp4lib.validate import validate_gemv_input
 
 
 # ------------------------------------------------------------------------------ eager
@@ -34,6 +35,7 @@ def eager_dequant_matmul(data) -> torch.Tensor:
     The products are exact in float32 (2 significant bits of E2M1 times 4 of E4M3), so the only
     rounding is float32 accumulation and the final fp16 cast.
     """
+    validate_gemv_input(data, need_m_multiple=None, check_storage=False)
     a, b, sfa, sfb, _, _, c = data
     for l in range(a.shape[2]):
         weights = _dequantized(a[:, :, l], sfa[:, :, l])
@@ -116,6 +118,7 @@ class PreparedBF16:
 
 def prepare_bf16_weights(data) -> PreparedBF16:
     """Dequantize A and B[0] of every batch to bf16, once (exact: each value has at most 6 significant bits)."""
+    validate_gemv_input(data, need_m_multiple=None, check_storage=False)
     a, b, sfa, sfb = data[:4]
     weights = torch.stack([_dequantized(a[:, :, l], sfa[:, :, l]) for l in range(a.shape[2])])
     vector = torch.stack([_dequantized(b[0:1, :, l], sfb[0:1, :, l]).T for l in range(a.shape[2])])

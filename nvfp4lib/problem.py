@@ -7,6 +7,7 @@ and many E4M3 exponents, which the leaderboard's own data does not.
 
 from __future__ import annotations
 
+import numbers
 from typing import NamedTuple
 
 import torch
@@ -68,6 +69,8 @@ def generate_input(m: int, k: int, l: int, seed: int = 0, mode: str = "full", de
     """
     if mode not in MODES:
         raise NVFP4InputError(f"mode: expected one of {MODES}, got {mode!r}")
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (m, k, l)):
+        raise NVFP4InputError(f"(m, k, l): expected integers, got {(m, k, l)!r}")
     if m < 1 or l < 1 or k < 16 or k % 16:
         raise NVFP4InputError(f"(m, k, l): expected m, l >= 1 and k a positive multiple of 16, got {(m, k, l)}")
     gen = torch.Generator().manual_seed(seed)

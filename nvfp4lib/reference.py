@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.formats import BLOCK_SIZE, decode_e2m1, decode_e4m3, unpack_fp4
+from nvfp4lib.validate import require_tensor, validate_gemv_input
 
 _CHUNK_ELEMENTS = 1 << 24  # bounds the float64 temporaries at 128 MB
 
@@ -23,6 +24,8 @@ def _values(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
 
 def reference_gemv(data) -> torch.Tensor:
     """float32 [M, 1, L]: c[m, 0, l] = sum_k A*sfa * B[0]*sfb[0], from the plain tensors only."""
+    # Any M and any K with whole scale blocks; the tensors are indexed, so any strides.
+    validate_gemv_input(data, need_m_multiple=None, need_k_multiple=BLOCK_SIZE, check_storage=False)
     a, b, sfa, sfb = data[:4]
     m, half_k, l = a.shape
     out = torch.empty(l, m, 1, dtype=torch.float32, device=a.device)
@@ -48,6 +51,7 @@ class CheckResult:
 
 def check(output: torch.Tensor, data, rtol: float = 1e-3, atol: float = 1e-3, *, max_listed: int = 5) -> CheckResult:
     """Compare a GEMV output with the reference; NaN (e.g. unwritten after poison_) counts as wrong."""
+    require_tensor(output, "output")
     expected = reference_gemv(data)
     if tuple(output.shape) != tuple(expected.shape):
         return CheckResult(False, f"output: expected shape {tuple(expected.shape)}, got {tuple(output.shape)}",

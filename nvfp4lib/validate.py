@@ -17,10 +17,27 @@ _DTYPES = {
 }
 _RANKS = {"a": 3, "b": 3, "sfa": 3, "sfb": 3, "sfa_permuted": 6, "sfb_permuted": 6, "c": 3}
 B_ROWS = 128  # b and sfb are padded to 128 rows so that torch._scaled_mm accepts them
+# Bytes the kernels' widest loads need: 128-bit loads of codes and permuted scales, 32-bit of plain scales.
+_ALIGNMENT = {"a": 16, "b": 16, "sfa": 4, "sfb": 4, "sfa_permuted": 16, "sfb_permuted": 16, "c": 2}
 
 
 class NVFP4InputError(ValueError):
     """A GEMV or quantization input is not what the code expects (names the argument)."""
+
+
+def require_tensor(x, name: str) -> torch.Tensor:
+    """x, or an error naming the argument (rather than an AttributeError deep inside)."""
+    if not isinstance(x, torch.Tensor):
+        raise NVFP4InputError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
+def require_real(x, name: str) -> torch.Tensor:
+    """A tensor PyTorch can do arithmetic on as real numbers (not complex, not packed FP4)."""
+    require_tensor(x, name)
+    if x.is_complex() or x.dtype in (torch.bool, torch.float4_e2m1fn_x2):
+        raise NVFP4InputError(f"{name}: expected a real floating-point or integer tensor, got {x.dtype}")
+    return x
 
 
 def strides_match(t: torch.Tensor, expected: tuple[int, ...]) -> bool:
@@ -33,8 +50,13 @@ def plain_strides(rows: int, cols: int, l: int) -> tuple[int, int, int]:
     return (cols, 1, rows * cols)
 
 
-def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128):
-    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape."""
+def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128, need_k_multiple: int = 64,
+                        check_storage: bool = True):
+    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
+
+    `check_storage=False` skips strides and alignment, for code that indexes the tensors
+    (the reference) rather than reading raw pointers.
+    """
     from nvfp4lib.layouts import permuted_strides, scale_tile_counts  # they import this module
     from nvfp4lib.problem import Shape
 
@@ -56,8 +78,8 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128)
         raise NVFP4InputError(f"b: expected K/2 = {half_k} (from a), got shape {tuple(t['b'].shape)}")
     if t["b"].shape[2] != l:
         raise NVFP4InputError(f"b: expected L = {l} (from a), got shape {tuple(t['b'].shape)}")
-    if k % 64:
-        raise NVFP4InputError(f"a: expected K a multiple of 64, got K = {k}")
+    if k % need_k_multiple:
+        raise NVFP4InputError(f"a: expected K a multiple of {need_k_multiple}, got K = {k}")
     if need_m_multiple and m % need_m_multiple:
         raise NVFP4InputError(f"a: expected M a multiple of {need_m_multiple}, got M = {m}")
     k_blocks = k // 16
@@ -77,9 +99,14 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128)
     for name, x in t.items():
         if tuple(x.shape) != shapes[name]:
             raise NVFP4InputError(f"{name}: expected shape {shapes[name]}, got {tuple(x.shape)}")
+        if not check_storage:
+            continue
         if not strides_match(x, strides[name]):
             raise NVFP4InputError(
                 f"{name}: expected strides {strides[name]} (the documented storage), got {x.stride()}")
+        if x.data_ptr() % _ALIGNMENT[name]:
+            raise NVFP4InputError(f"{name}: expected a data pointer aligned to {_ALIGNMENT[name]} bytes, "
+                                  f"got address % {_ALIGNMENT[name]} = {x.data_ptr() % _ALIGNMENT[name]}")
 
     devices = {name: x.device for name, x in t.items()}
     if len(set(devices.values())) != 1:

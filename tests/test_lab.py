@@ -24,14 +24,16 @@ NOTEBOOK = "notebooks/02_scale_swizzling.ipynb"
 LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F"}  # 127.0.0.1 in /proc/net/tcp{,6} notation
 
 
-def _hashes():
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in NOTEBOOKS_DIR.glob("*.ipynb")}
+def _snapshot():
+    """Every entry under notebooks/ (checkpoint folders included) and each file's hash."""
+    return {str(p.relative_to(NOTEBOOKS_DIR)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+            for p in sorted(NOTEBOOKS_DIR.rglob("*"))}
 
 
 @pytest.fixture(scope="module")
 def committed():
-    """The notebooks' bytes before the server saw them."""
-    return _hashes()
+    """notebooks/ before the server saw it."""
+    return _snapshot()
 
 
 @pytest.fixture(scope="module")
@@ -112,5 +114,6 @@ def test_notebook_page_renders_in_chromium(lab, executed, tmp_path):
             30, "the page to connect to the kernel")
 
 
-def test_committed_notebooks_are_untouched(lab, executed, committed):
-    assert _hashes() == committed
+def test_notebooks_folder_is_untouched(lab, executed, committed):
+    """No notebook rewritten (autosave is off) and nothing added (checkpoints go elsewhere)."""
+    assert _snapshot() == committed

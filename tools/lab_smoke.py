@@ -117,8 +117,9 @@ def _stop_group(proc: subprocess.Popen, grace: float = 10.0) -> None:
 
 
 class LabServer:
-    """`jupyter lab` on 127.0.0.1 with a random token, settings and runtime files in a temporary
-    folder (nothing of the user's configuration is read or written), notebooks/ under its root."""
+    """`jupyter lab` on 127.0.0.1 with a random token; settings, runtime files and checkpoints in a
+    temporary folder (nothing of the user's configuration is read or written, nothing is added
+    next to the notebooks), the repository as its root."""
 
     def __init__(self, root: Path = REPO_ROOT, workdir: Path | None = None, env: dict | None = None):
         self.root = Path(root)
@@ -158,7 +159,9 @@ class LabServer:
                "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}", "--ServerApp.port_retries=0",
                f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={self.root}",
                "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-               "--ServerApp.shutdown_no_activity_timeout=600", "--MappingKernelManager.cull_idle_timeout=0"]
+               "--ServerApp.shutdown_no_activity_timeout=600", "--MappingKernelManager.cull_idle_timeout=0",
+               # checkpoints (made when a notebook is opened) go to the temporary folder, not notebooks/
+               f"--FileCheckpoints.checkpoint_dir={self.workdir / 'checkpoints'}"]
         if hasattr(os, "geteuid") and os.geteuid() == 0:
             cmd.append("--allow-root")
         self.log = open(self.log_path, "w")
