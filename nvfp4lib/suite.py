@@ -61,7 +61,7 @@ COLUMNS = (
     "timing", "copy_gbps", "reduction_gbps", "device_slug", "quick", "date",
     *(f"env_{f}" for f in ENV_FIELDS),
 )
-"""CSV columns. status: ok | failed (wrong numbers) | error (raised) | skipped (not on this device).
+"""CSV columns. status: ok | inexact (outside rtol = atol = 1e-3, still timed) | error (raised) | skipped (not on this device).
 Ceiling rows have kind "ceiling", shape_set "ceiling" and only bytes and kernel_gbps filled."""
 
 
@@ -271,8 +271,8 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
     except Exception as e:  # noqa: BLE001 - a path that raises is reported, the suite goes on
         return {"status": "error", "note": f"{type(e).__name__}: {_first_line(e)}"}
     row["max_abs_err"] = result.max_abs_err
-    if not result.ok:
-        return dict(row, status="failed", note=_first_line(result.message.replace("\n", "; "), 300))
+    if not result.ok:  # still timed: a peer's accuracy is part of the comparison
+        row.update(status="inexact", note=_first_line(result.message.replace("\n", "; "), 300))
     try:
         reps = _reps_for(fn, plan)
         warmup = min(10, reps)
@@ -284,6 +284,8 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         row.update({f"{mode}_us": t.median_us, f"{mode}_p10_us": t.p10_us, f"{mode}_p90_us": t.p90_us,
                     f"{mode}_reps": t.n})
     row["host_us"] = timings["leaderboard"].host_us
+    if row["status"] == "inexact":
+        return row
     if path.name == "peer-compiled" and peers.compile_note:
         row["note"] = peers.compile_note
     if path.describe is not None:
@@ -476,7 +478,7 @@ def _ceiling(rows: list[dict], name: str) -> float | None:
 
 
 def _timed(rows: list[dict]) -> list[dict]:
-    return [r for r in rows if r.get("kind") != "ceiling" and r.get("status") == "ok"]
+    return [r for r in rows if r.get("kind") != "ceiling" and r.get("status") in ("ok", "inexact")]
 
 
 def _cell(value, spec: str) -> str:
@@ -746,9 +748,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     csv_path = run(quick=args.quick, out_dir=args.out, only=only, figures_dir=args.figures_dir,
                    figures=not args.no_figures, seed=args.seed, progress=not args.no_progress)
-    bad = [r for r in load_results(csv_path) if r["status"] in ("failed", "error")]
-    for r in bad:
-        print(f"{r['status']}: {r['path']} {r['m']}x{r['k']}x{r['l']}: {r['note']}", file=sys.stderr)
+    rows = load_results(csv_path)
+    for r in rows:
+        if r["status"] in ("inexact", "error"):
+            print(f"{r['status']}: {r['path']} {r['m']}x{r['k']}x{r['l']}: {r['note']}", file=sys.stderr)
+    # A failure of the workbook's own paths at the leaderboard's shapes fails the run; peers
+    # outside the tolerance, and rounding at sweep sizes beyond the leaderboard's K, are reported.
+    bad = [r for r in rows if r["status"] == "error"
+           or (r["status"] == "inexact" and r["kind"] == "nvfp4lib" and r["shape_set"] == "benchmark")]
     return 1 if bad else 0
 
 

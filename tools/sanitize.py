@@ -143,6 +143,8 @@ def run_tool(tool: str, args) -> dict:
     checks = len(re.findall(r"^driver: \w+ +\d+x\d+x\d+: ", output, re.M))
     wrong = len(re.findall(r"^driver: \w+ +\d+x\d+x\d+: WRONG", output, re.M))
     errors = _count(r"ERROR SUMMARY: (\d+) error", output)
+    if errors is None:  # racecheck prints its own summary line instead
+        errors = _count(r"RACECHECK SUMMARY: \d+ hazards? displayed \((\d+) error", output)
     hazards = _count(r"RACECHECK SUMMARY: (\d+) hazard", output)
     log = Path(args.log_dir) / f"sanitize-{tool}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
