@@ -465,9 +465,7 @@ class CuteGemv:
     reused while the entry lives; new values written into the same tensors are read).
     """
 
-    _CACHE_ENTRIES = 4
-
-    def __init__(self, variant: str = "fast", cfg: FastConfig = FastConfig()):
+    def __init__(self, variant: str = "fast", cfg: FastConfig = FastConfig(), cache_entries: int = 4):
         if variant not in ("fast", "naive"):
             raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
         caps = capabilities()
@@ -475,6 +473,7 @@ class CuteGemv:
         # Without a GPU nothing is compiled; a call then fails validation, naming the argument.
         self.fn = _compiled(variant, self.arch, cfg) if caps.cuda else None
         self._prepared: dict[int, tuple] = {}
+        self._cache_entries = cache_entries
 
     def _prepare(self, data):
         entry = self._prepared.get(id(data))
@@ -485,7 +484,7 @@ class CuteGemv:
         if self.cfg.permuted_scales or self.variant == "naive":
             sfa, sfb = sfa_p, sfb_p
         args = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), k // 2, c)
-        if len(self._prepared) >= self._CACHE_ENTRIES:
+        if len(self._prepared) >= self._cache_entries:
             self._prepared.pop(next(iter(self._prepared)))
         self._prepared[id(data)] = (data, args)
         return args
@@ -500,11 +499,16 @@ class CuteGemv:
         return data[-1]
 
 
-@functools.cache
-def _runner(variant: str, cfg: FastConfig) -> CuteGemv:
-    return CuteGemv(variant, cfg)
+_runners: dict[tuple, CuteGemv] = {}
 
 
-def gemv_cute(data, variant: str = "fast", cfg: FastConfig = FastConfig(), stream=None) -> torch.Tensor:
-    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c."""
-    return _runner(variant, cfg)(data, stream)
+def gemv_cute(data, variant: str = "fast", cfg: FastConfig | None = None, stream=None) -> torch.Tensor:
+    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c.
+
+    Kernels are compiled once per (variant, config) and kept; ``cfg=None`` is the default
+    config (and skips hashing a config on every call).
+    """
+    runner = _runners.get((variant, cfg))
+    if runner is None:
+        runner = _runners[variant, cfg] = CuteGemv(variant, cfg or FastConfig())
+    return runner(data, stream)

@@ -146,9 +146,9 @@ class CutePerBatch:
     """The CuTe GEMV kernel restricted to one batch: ``fn(batch_data)`` launches it on the
     current stream for a 7-tuple with L = 1.
 
-    A `CuteGemv` validates each input tuple once and remembers its prepared arguments for a few
-    tuples; a stream pool hands it L different per-batch tuples in turn, more than it remembers.
-    So one `CuteGemv` is kept per batch tuple here, and each keeps hitting its cache.
+    A `CuteGemv` validates each input tuple once and remembers its prepared arguments; a stream
+    pool hands it L different per-batch tuples in turn, so this one remembers up to
+    ``max_entries`` of them.
     """
 
     def __init__(self, variant: str = "fast", cfg=None, max_entries: int = 64):
@@ -156,15 +156,7 @@ class CutePerBatch:
 
         self.variant = variant
         self.cfg = FastConfig() if cfg is None else cfg
-        self.max_entries = max_entries
-        self._make = lambda: CuteGemv(variant, self.cfg)
-        self._make()  # fail here, not inside a pool stream, if the kernel cannot run
-        self._runners: OrderedDict = OrderedDict()
+        self._kernel = CuteGemv(variant, self.cfg, cache_entries=max_entries)
 
     def __call__(self, batch_data) -> torch.Tensor:
-        entry = self._runners.get(id(batch_data))
-        if entry is None or entry[0] is not batch_data:
-            entry = self._runners[id(batch_data)] = (batch_data, self._make())
-            while len(self._runners) > self.max_entries:
-                self._runners.popitem(last=False)
-        return entry[1](batch_data)
+        return self._kernel(batch_data)

@@ -11,32 +11,15 @@ from nvfp4lib.formats import (
     BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, FP4_MAX, NVFP4Tensor, as_fp4x2, decode_e2m1, decode_e4m3,
     dequantize_nvfp4, encode_e2m1, encode_e4m3, fp4_bytes, pack_fp4, quantize_nvfp4, sqnr_db, unpack_fp4)
 from nvfp4lib.validate import NVFP4InputError
+from tests.bitdefs import e2m1_value, e4m3_value
 
 SQNR_GAUSSIAN_MIN_DB = 19.5  # measured about 20.4 dB for N(0, 1) data
-
-
-def e2m1_from_bits(code: int) -> float:
-    """E2M1 by definition: sign bit 3, exponent bits 2..1 (bias 1), mantissa bit 0."""
-    sign = -1.0 if code & 0b1000 else 1.0
-    exp, man = (code >> 1) & 0b11, code & 1
-    mag = 0.5 * man if exp == 0 else 2.0 ** (exp - 1) * (1 + 0.5 * man)
-    return math.copysign(mag, sign)
-
-
-def e4m3_from_bits(byte: int) -> float:
-    """E4M3 (fn) by definition: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7F/0xFF are NaN."""
-    sign = -1.0 if byte & 0x80 else 1.0
-    exp, man = (byte >> 3) & 0xF, byte & 0x7
-    if exp == 0xF and man == 0x7:
-        return math.nan
-    mag = man / 8 * 2.0 ** -6 if exp == 0 else 2.0 ** (exp - 7) * (1 + man / 8)
-    return math.copysign(mag, sign)
 
 
 def nearest_code(x: float) -> int:
     """Brute force: closest E2M1 magnitude, ties to the even code, saturate, keep the sign."""
     mag = min(abs(x), FP4_MAX)
-    best = min(range(8), key=lambda c: (abs(e2m1_from_bits(c) - mag), c % 2))
+    best = min(range(8), key=lambda c: (abs(e2m1_value(c) - mag), c % 2))
     return best | (8 if math.copysign(1.0, x) < 0 else 0)
 
 
@@ -46,7 +29,7 @@ def same_floats(got, want):
 
 
 def test_value_table_matches_bit_definition():
-    want = [e2m1_from_bits(c) for c in range(16)]
+    want = [e2m1_value(c) for c in range(16)]
     assert same_floats(E2M1_VALUES, want)
     assert same_floats(decode_e2m1(torch.arange(16, dtype=torch.uint8)).tolist(), want)
 
@@ -111,7 +94,7 @@ def test_byte_views_are_free():
 
 def test_decode_e4m3_matches_bit_definition():
     raw = torch.arange(256, dtype=torch.uint8)
-    want = [e4m3_from_bits(b) for b in range(256)]
+    want = [e4m3_value(b) for b in range(256)]
     for got in (decode_e4m3(raw).tolist(), decode_e4m3(raw.view(torch.float8_e4m3fn)).tolist()):
         for g, w in zip(got, want):
             assert (math.isnan(g) and math.isnan(w)) or same_floats([g], [w])
