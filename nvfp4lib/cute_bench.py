@@ -12,7 +12,6 @@ import argparse
 import csv
 import sys
 
-import torch
 
 from .bench import copy_bandwidth_gbps, gbps, percent, time_kernel, time_leaderboard
 from .cute_gemv import CuteGemv, FastConfig

@@ -348,7 +348,6 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, rep
                 continue
             t = time_leaderboard(lambda: fn(data), warmup=warmup, reps=reps)
             timed.setdefault(key, {}).setdefault(name, []).append(t.median_us)
-        del data
     for key, entry in list(tab.entries.items()):
         n = len(entry["shapes"])
         # a path that failed or was skipped at any shape of the class is out of the running there

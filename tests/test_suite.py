@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from nvfp4lib import suite
+from nvfp4lib import bench_report, suite
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, bytes_moved, generate_input
 
@@ -42,9 +42,9 @@ def test_cpu_stand_ins_keep_the_kernel_constraints():
 
 
 def test_device_slug():
-    assert suite.device_slug(_caps(cuda=False)) == "cpu"
-    assert suite.device_slug(_caps(cuda=True, name="NVIDIA H200")) == "h200"
-    assert suite.device_slug(_caps(cuda=True, name="NVIDIA H100 80GB HBM3")) == "h100-80gb-hbm3"
+    assert bench_report.device_slug(_caps(cuda=False)) == "cpu"
+    assert bench_report.device_slug(_caps(cuda=True, name="NVIDIA H200")) == "h200"
+    assert bench_report.device_slug(_caps(cuda=True, name="NVIDIA H100 80GB HBM3")) == "h100-80gb-hbm3"
 
 
 def test_paths_follow_the_capabilities():
@@ -108,9 +108,9 @@ def test_a_correct_path_is_timed_both_ways():
 
 
 def _check_csv(path, expect_paths):
-    rows = suite.load_results(path)
+    rows = bench_report.load_results(path)
     with open(path) as f:
-        assert tuple(f.readline().strip().split(",")) == suite.COLUMNS
+        assert tuple(f.readline().strip().split(",")) == bench_report.COLUMNS
     ceilings = {r["path"]: r for r in rows if r["kind"] == "ceiling"}
     assert set(ceilings) == {"copy", "reduction"} and all(r["kernel_gbps"] > 0 for r in ceilings.values())
     for r in rows:
@@ -124,7 +124,7 @@ def _check_csv(path, expect_paths):
         assert r["status"] == "ok", r
         assert r["kernel_us"] > 0 and r["leaderboard_us"] > 0 and r["kernel_reps"] >= 1
         assert r["kernel_gbps"] == pytest.approx(r["bytes"] / r["kernel_us"] / 1e3, rel=1e-2)
-        assert suite.CPU_NOTE in r["note"]
+        assert bench_report.CPU_NOTE in r["note"]
     assert {r["shape_set"] for r in timed} == {"benchmark", "sweep"}
     return rows
 
@@ -134,10 +134,10 @@ def test_quick_cpu_run_end_to_end(tmp_path, capsys):
                          progress=False)
     assert csv_path == tmp_path / "cpu.csv"
     _check_csv(csv_path, FAST_PATHS)
-    for name in suite.FIGURE_NAMES:
+    for name in bench_report.FIGURE_NAMES:
         assert (tmp_path / "figs" / f"{name}.png").stat().st_size > 10_000
     out = capsys.readouterr().out
-    assert suite.CPU_NOTE in out and "geomean" in out and "x eager" in out and "x bf16" in out
+    assert bench_report.CPU_NOTE in out and "geomean" in out and "x eager" in out and "x bf16" in out
 
 
 def test_command_line(tmp_path, capsys):
@@ -182,19 +182,19 @@ def _synthetic_rows():
 
 def test_figures_from_a_synthetic_csv(tmp_path):
     path = tmp_path / "h200.csv"
-    suite.write_csv(_synthetic_rows(), path)
-    figures = suite.make_figures(path)
-    assert set(figures) == set(suite.FIGURE_NAMES)
+    bench_report.write_csv(_synthetic_rows(), path)
+    figures = bench_report.make_figures(path)
+    assert set(figures) == set(bench_report.FIGURE_NAMES)
     roofline = figures["00_roofline"]
     assert len(roofline.axes) == 2 and all(ax.get_xscale() == "log" for ax in roofline.axes)
     bars = figures["00_benchmark_bars"].axes[0]
     assert len(bars.patches) == 4 * len(BENCHMARK_SHAPES)  # paths that raised or were skipped draw nothing
-    saved = suite.save_figures(figures, tmp_path / "figs")
+    saved = bench_report.save_figures(figures, tmp_path / "figs")
     assert all(p.stat().st_size > 10_000 for p in saved.values())
 
 
 def test_summary_table_speedups_and_geomean():
-    text = suite.summary_table(_synthetic_rows())
+    text = bench_report.summary_table(_synthetic_rows())
     assert "x eager" in text and "x bf16" in text and "broken" not in text
     line = next(l for l in text.splitlines() if l.startswith("cute-fast") and "7168x16384x1" in l)
     kernel = bytes_moved(Shape(7168, 16384, 1)) / 3000.0 / 1e3
@@ -208,13 +208,13 @@ def test_summary_table_speedups_and_geomean():
 def test_find_results_prefers_this_device_then_committed(tmp_path, monkeypatch):
     bench, results = tmp_path / "build", tmp_path / "results"
     bench.mkdir(), results.mkdir()
-    monkeypatch.setattr(suite, "BENCH_DIR", bench)
-    monkeypatch.setattr(suite, "RESULTS_DIR", results)
-    assert suite.find_results("h200") is None
+    monkeypatch.setattr(bench_report, "BENCH_DIR", bench)
+    monkeypatch.setattr(bench_report, "RESULTS_DIR", results)
+    assert bench_report.find_results("h200") is None
     (bench / "cpu.csv").write_text("x")
-    assert suite.find_results("cpu") is None, "CPU timings are never shown as results"
+    assert bench_report.find_results("cpu") is None, "CPU timings are never shown as results"
     (results / "h200.csv").write_text("x")
-    assert suite.find_results("cpu") == results / "h200.csv"
-    assert suite.find_results("b200") == results / "h200.csv"
+    assert bench_report.find_results("cpu") == results / "h200.csv"
+    assert bench_report.find_results("b200") == results / "h200.csv"
     (bench / "h200.csv").write_text("x")
-    assert suite.find_results("h200") == bench / "h200.csv"
+    assert bench_report.find_results("h200") == bench / "h200.csv"
