@@ -1,15 +1,19 @@
 """CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel.
 
-Both read the leaderboard tensors in place (A and B codes, the permuted scales, c) and
-cover all L batches in one launch. The FP4 decode is picked at compile time from the
-target: Blackwell (sm_100a and newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper
-and older have no FP4 instruction, so codes are decoded with integer bit operations.
+Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4
+decode is picked at compile time from the target: Blackwell (sm_100a and newer) has the
+hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so codes are decoded with
+integer bit operations (``_decode_word_bitops``). Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 
-The fast kernel gives each warp ``rows_per_warp`` rows of one batch; the lanes split K in
-16-byte chunks (32 codes, two 16-element scale blocks), so every load of A is a 128-bit
-coalesced load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded
-once per chunk and reused for all rows of the warp. Products of a 16-element block are
-summed in packed fp16 (exact: see ``_block_dot``), then scaled and accumulated in fp32.
+The fast kernel gives each warp ``rows_per_warp`` rows of one batch at a time (a "row
+group"; warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes,
+two 16-element scale blocks), so every load of A is a 128-bit load and one warp-instruction
+reads 512 contiguous bytes of a row. B is decoded once per chunk and reused for all rows of
+the warp. The loads of the next step are issued before the math of the current one. Products
+of a 16-element block are summed in packed fp16 (exact: see ``_block_dot``), then scaled and
+accumulated in fp32, reduced over the warp with shuffles, and written as fp16. By default it
+reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load); the permuted
+tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
 """
 
 from __future__ import annotations
