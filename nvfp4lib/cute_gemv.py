@@ -73,17 +73,19 @@ def _e4m3x2_to_f32(pair):
     )
 
 
-def _half2_sum_f32(h2):
-    """lo + hi of a packed half2, in fp32."""
+def _half2_to_f32_pair(h2):
+    """The two halves of a packed half2, as fp32."""
     return cute.arch.inline_ptx(
-        "{ .reg .f16 lo, hi; .reg .f32 a, b;\n"
-        " mov.b32 {lo, hi}, {$r0};\n"
-        " cvt.f32.f16 a, lo;\n"
-        " cvt.f32.f16 b, hi;\n"
-        " add.f32 {$w0}, a, b; }",
-        write_only_types=[Float32],
+        "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
+        write_only_types=[Float32, Float32],
         read_only_args=[h2],
     )
+
+
+def _half2_sum_f32(h2):
+    """lo + hi of a packed half2, in fp32."""
+    lo, hi = _half2_to_f32_pair(h2)
+    return lo + hi
 
 
 def _prmt(a, b, selector: int):
@@ -235,6 +237,13 @@ def _touch(values, rows: int, acc):
         acc[r] = acc[r] + Float32(x)
 
 
+def _scale_offset(chunk, permuted: bool):
+    """Byte offset of the 2 scales of a 16-byte chunk (chunk c holds scale columns 2c, 2c+1),
+    from the start of a row's scales: next to each other in the plain layout; in the permuted
+    one, 4 columns per 512-byte atom."""
+    return (chunk // 2) * _SCALE_ATOM_BYTES + (chunk % 2) * 2 if permuted else chunk * 2
+
+
 class _RowGroup:
     """Pointers of one warp's rows (R consecutive rows of one batch) and their scales.
 
@@ -262,8 +271,7 @@ class _RowGroup:
             self.sfa_rows = [sfa.iterator + Int64(row + r) * Int64(kh // 8) for r in range(rows)]
 
     def scale_offset(self, chunk):
-        """Byte offset of the 2 scales of a 16-byte chunk, from the start of a row's scales."""
-        return (chunk // 2) * _SCALE_ATOM_BYTES + (chunk % 2) * 2 if self.permuted else chunk * 2
+        return _scale_offset(chunk, self.permuted)
 
 
 def _fast_kernel_factory(cfg: FastConfig, hw_e2m1: bool):
@@ -325,27 +333,16 @@ def _naive_kernel_factory(hw_e2m1: bool):
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
         """One thread per (row, batch); 64-code K tiles; everything in fp32."""
         m_rows = a.shape[0]
-        kh = a.shape[1]
-        rest_k = kh // 32
-        rest_m = m_rows // 128
         row = cute.arch.block_idx()[0] * cute.arch.block_dim()[0] + cute.arch.thread_idx()[0]
         if row < m_rows * a.shape[2]:
-            batch = row // m_rows
-            m = row - batch * m_rows
-            a_row = a.iterator + Int64(row) * Int64(kh)
-            b_row = b.iterator + Int64(batch) * Int64(128 * kh)
-            sfa_row = (
-                sfa.iterator
-                + Int64(batch * rest_m + m // 128) * Int64(rest_k * _SCALE_ATOM_BYTES)
-                + (m % 32) * 16
-                + ((m % 128) // 32) * 4
-            )
-            sfb_row = sfb.iterator + Int64(batch) * Int64(rest_k * _SCALE_ATOM_BYTES)
+            one = _RowGroup(a, b, sfa, sfb, row, 1, True)  # this thread's row, permuted scales
+            a_row, b_row, sfa_row, sfb_row, m, batch = one.a_rows[0], one.b_row, one.sfa_rows[0], one.sfb_row, one.m0, one.batch
             acc = Float32(0.0)
-            for tile in range(rest_k):  # 64 codes = 32 bytes = 4 scale blocks per tile
+            for tile in range(a.shape[1] // 32):  # 64 codes = 32 bytes = 4 scale blocks per tile
                 for blk in cutlass.range_constexpr(4):
-                    sa = _e4m3x2_to_f32(_ld_global_u16_if(sfa_row + tile * _SCALE_ATOM_BYTES + (blk // 2) * 2, 1))[blk % 2]
-                    sb = _e4m3x2_to_f32(_ld_global_u16_if(sfb_row + tile * _SCALE_ATOM_BYTES + (blk // 2) * 2, 1))[blk % 2]
+                    scale_at = _scale_offset(2 * tile + blk // 2, True)
+                    sa = _e4m3x2_to_f32(_ld_global_u16_if(sfa_row + scale_at, 1))[blk % 2]
+                    sb = _e4m3x2_to_f32(_ld_global_u16_if(sfb_row + scale_at, 1))[blk % 2]
                     part = Float32(0.0)
                     for w in cutlass.range_constexpr(2):
                         off = tile * 32 + blk * 8 + w * 4
@@ -365,14 +362,6 @@ def _naive_kernel_factory(hw_e2m1: bool):
             c[m, 0, batch] = acc.to(Float16)
 
     return kernel
-
-
-def _half2_to_f32_pair(h2):
-    return cute.arch.inline_ptx(
-        "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
-        write_only_types=[Float32, Float32],
-        read_only_args=[h2],
-    )
 
 
 # --------------------------------------------------------------------------- compile & call
