@@ -12,6 +12,7 @@ back into it before returning): the CUDA events are recorded there.
 """
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -202,6 +203,12 @@ def gbps(nbytes: int, us: float) -> float:
     return nbytes / us / 1e3
 
 
+def geomean(values) -> float:
+    """Geometric mean (how the leaderboard combines its shapes); NaN for no values."""
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
 def percent(x: float, ceiling: float) -> float:
     """`x` as a percentage of `ceiling` (e.g. achieved GB/s of the copy bandwidth)."""
     if ceiling <= 0:
@@ -228,7 +235,7 @@ class BenchRow:
         return None if bw is None or self.ceiling_gbps is None else percent(bw, self.ceiling_gbps)
 
 
-def _cell(x: float | None, spec: str) -> str:
+def cell_text(x: float | None, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
@@ -239,13 +246,18 @@ def format_table(rows: Sequence[BenchRow]) -> str:
     body = []
     for r in rows:
         shape = "x".join(map(str, r.shape)) if isinstance(r.shape, (tuple, list)) else str(r.shape)
-        cells = [r.name, shape, f"{r.timing.median_us:.1f}", _cell(r.bandwidth_gbps, ".0f"),
-                 _cell(r.percent_of_ceiling, ".1f")]
-        body.append(cells + ([_cell(r.timing.host_us, ".1f")] if show_host else []))
+        cells = [r.name, shape, f"{r.timing.median_us:.1f}", cell_text(r.bandwidth_gbps, ".0f"),
+                 cell_text(r.percent_of_ceiling, ".1f")]
+        body.append(cells + ([cell_text(r.timing.host_us, ".1f")] if show_host else []))
+    return text_table(header, body)
+
+
+def text_table(header: list[str], body: list[list[str]], left: int = 2) -> str:
+    """Text columns: the first ``left`` left-aligned (names), the rest right-aligned (numbers)."""
     widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w)
                          for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, body)])

@@ -7,12 +7,11 @@ row per path and shape, the environment in every row), the tables it prints, and
 from __future__ import annotations
 
 import csv
-import math
 import re
 from pathlib import Path
 from typing import Iterable
 
-from nvfp4lib.bench import gbps, percent
+from nvfp4lib.bench import cell_text, gbps, geomean, percent, text_table
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.paths import BUILD_DIR, REPO_ROOT
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, Shape, bytes_moved
@@ -115,20 +114,6 @@ def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") != "ceiling" and r.get("status") in ("ok", "inexact")]
 
 
-def _cell(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _format_table(header: list[str], body: list[list[str]]) -> str:
-    """Text columns: the first two left-aligned (names), the rest right-aligned (numbers)."""
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-
-    def fmt(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([fmt(header), fmt(["-" * w for w in widths]), *map(fmt, body)])
-
-
 def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "sweep")) -> str:
     """Time, GB/s, % of the copy ceiling and speed-up over each peer, per path and shape.
 
@@ -152,12 +137,12 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
             speedups = []
             for n in peer_names:
                 p = peer_time.get((n, r["m"], r["k"], r["l"]))
-                speedups.append(_cell(p / r["leaderboard_us"] if p else None, ".2f"))
-            body.append([r["path"], shape_text(r), _cell(r["kernel_us"], ".1f"), _cell(r["leaderboard_us"], ".1f"),
-                         _cell(r.get("host_us"), ".1f"), _cell(bw, ".0f"),
-                         _cell(percent(bw, copy) if copy else None, ".1f"), *speedups])
+                speedups.append(cell_text(p / r["leaderboard_us"] if p else None, ".2f"))
+            body.append([r["path"], shape_text(r), cell_text(r["kernel_us"], ".1f"), cell_text(r["leaderboard_us"], ".1f"),
+                         cell_text(r.get("host_us"), ".1f"), cell_text(bw, ".0f"),
+                         cell_text(percent(bw, copy) if copy else None, ".1f"), *speedups])
         title = f"{shape_set} shapes" + (f" ({CPU_NOTE})" if cpu else "")
-        out += [title, _format_table(header, body), ""]
+        out += [title, text_table(header, body), ""]
         if shape_set == "benchmark":
             out += [geomean_table(chosen), ""]
     if copy:
@@ -183,7 +168,7 @@ def overhead_table(rows: list[dict], l: int = 1) -> str:
                      f"{big['bytes'] / 1e6:.3g} MB", f"{bw:.0f}", f"{crossover / 1e6:.3g} MB"])
     if not body:
         return f"(no path has two or more sweep sizes at L = {l})"
-    return _format_table(["path", "smallest", "leaderboard us", "largest", "GB/s (kernel)",
+    return text_table(["path", "smallest", "leaderboard us", "largest", "GB/s (kernel)",
                           "fixed cost = data time at"], body)
 
 
@@ -195,9 +180,9 @@ def geomean_table(rows: list[dict]) -> str:
         mine = [r for r in rows if r["path"] == name]
         if len(mine) != len(shapes):
             continue
-        geo = [math.exp(sum(math.log(r[f"{m}_us"]) for r in mine) / len(mine)) for m in ("kernel", "leaderboard")]
+        geo = [geomean(r[f"{m}_us"] for r in mine) for m in ("kernel", "leaderboard")]
         body.append([name, f"{len(mine)} shapes", f"{geo[0]:.1f}", f"{geo[1]:.1f}"])
-    return _format_table(["geomean", "over", "kernel us", "leaderboard us"], body)
+    return text_table(["geomean", "over", "kernel us", "leaderboard us"], body)
 
 
 # ------------------------------------------------------------------------------ figures

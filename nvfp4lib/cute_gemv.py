@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .device import capabilities
-from .validate import validate_gemv_input
+from .validate import TupleCache, validate_gemv_input
 
 try:  # CuTe DSL is optional: everything else in the package works without it.
     import cutlass
@@ -396,6 +396,11 @@ def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted_scales:
     return a, b, sfa, sfb
 
 
+def _reads_permuted(variant: str, cfg: FastConfig) -> bool:
+    """Which scales a compiled kernel reads: the naive one (and -perm configs) the permuted ones."""
+    return cfg.permuted_scales or variant == "naive"
+
+
 def _sm_count() -> int:
     """Multiprocessors of this GPU; a B200's 148 when cross-compiling without one."""
     return torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else 148
@@ -423,7 +428,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     else:
         raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
 
-    permuted = cfg.permuted_scales or variant == "naive"
+    permuted = _reads_permuted(variant, cfg)
 
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, kh: Int32, c: cute.Tensor, stream):
@@ -454,8 +459,7 @@ class CuteGemv:
 
     The per-call host path is kept to a dict lookup and one TVM-FFI call with integer
     arguments: inputs are validated once per input tuple and their addresses remembered
-    with it (the cache holds the tuple, so its tensors stay alive and its id cannot be
-    reused while the entry lives; new values written into the same tensors are read).
+    with it (``TupleCache``).
     """
 
     def __init__(self, variant: str = "fast", cfg: FastConfig = FastConfig(), cache_entries: int = 4):
@@ -465,22 +469,17 @@ class CuteGemv:
         self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
         # Without a GPU nothing is compiled; a call then fails validation, naming the argument.
         self.fn = _compiled(variant, self.arch, cfg) if caps.cuda else None
-        self._prepared: dict[int, tuple] = {}
-        self._cache_entries = cache_entries
+        self._prepared = TupleCache(cache_entries)
 
     def _prepare(self, data):
-        entry = self._prepared.get(id(data))
-        if entry is not None and entry[0] is data:
-            return entry[1]
+        return self._prepared.get(data, self._arguments)
+
+    def _arguments(self, data):
         k = validate_gemv_input(data, device="cuda").k
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
-        if self.cfg.permuted_scales or self.variant == "naive":
+        if _reads_permuted(self.variant, self.cfg):
             sfa, sfb = sfa_p, sfb_p
-        args = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), k // 2, c)
-        if len(self._prepared) >= self._cache_entries:
-            self._prepared.pop(next(iter(self._prepared)))
-        self._prepared[id(data)] = (data, args)
-        return args
+        return (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), k // 2, c)
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         args = self._prepare(data)

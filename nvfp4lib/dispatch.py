@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from nvfp4lib import scaled_mm
-from nvfp4lib.bench import time_leaderboard
+from nvfp4lib.bench import geomean, time_leaderboard
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.graphs import GraphedGemv
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, generate_input
@@ -83,9 +83,7 @@ def _make_scaled_mm_streams() -> Callable:
     def run(data):
         device = data[0].device
         if device not in pools:
-            # warm-up on the caller's stream: the emulation builds a lookup table on first use
             pools[device] = StreamPool(POOL_STREAMS, device)
-            return scaled_mm.gemv_scaled_mm_permuted(data)
         return run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pools[device])
 
     return run
@@ -288,8 +286,7 @@ def _build(name: str) -> Callable:
 
 
 def _plan(data, key) -> Callable:
-    validate_gemv_input(data)
-    decision = explain(data)
+    decision = choose(validate_gemv_input(data), on_cuda=data[0].is_cuda)
     why_not = PATHS[decision.path].unavailable(capabilities(), data[0].is_cuda)
     if why_not is not None:
         raise RuntimeError(f"path {decision.path!r} ({decision.reason}) cannot run here: {why_not}")
@@ -351,7 +348,7 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, rep
     for key, entry in list(tab.entries.items()):
         n = len(entry["shapes"])
         # a path that failed or was skipped at any shape of the class is out of the running there
-        geo = {p: math.exp(sum(map(math.log, v)) / n) for p, v in timed.get(key, {}).items() if len(v) == n}
+        geo = {p: geomean(v) for p, v in timed.get(key, {}).items() if len(v) == n}
         if not geo:
             del tab.entries[key]
             continue

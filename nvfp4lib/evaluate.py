@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import functools
 import importlib.util
 import itertools
 import json
-import math
 import subprocess
 import sys
 import tempfile
@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from nvfp4lib.bench import Timing, copy_bandwidth_gbps, gbps, percent, time_leaderboard
+from nvfp4lib.bench import Timing, copy_bandwidth_gbps, gbps, geomean, percent, text_table, time_leaderboard
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import (B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved,
                               generate_input)
@@ -209,7 +209,7 @@ def run_case(kernel: Callable, data, shape: Shape, case: str, earlier=()):
     if out.dtype != torch.float16:
         return CaseResult(shape, case, False, f"returned dtype {out.dtype}, expected torch.float16 (as c)"), None
     result = check(out, data, rtol=RTOL, atol=ATOL)
-    copy = out.detach().float().clone()
+    copy = out.detach().float()  # a new tensor (the dtype is float16 here)
     if result.ok:
         return CaseResult(shape, case, True, result.message), copy
     n_nan = int(torch.isnan(copy).sum())
@@ -297,9 +297,10 @@ def run_benchmarks(kernel: Callable, shapes, device, copy_gbps: float, *, seed: 
     return rows, checks
 
 
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+@functools.cache
+def _copy_bandwidth_gbps() -> float:
+    """The ceiling, measured once per process (evaluating several files need not re-measure it)."""
+    return copy_bandwidth_gbps()
 
 
 def format_bench_table(rows: list[BenchResult]) -> str:
@@ -316,14 +317,9 @@ def format_bench_table(rows: list[BenchResult]) -> str:
                  f"{geomean(r.bandwidth_gbps for r in rows):.0f}", f"{geomean(r.percent_of_copy for r in rows):.1f}"]
         cells += [f"{geomean(r.percent_of_b200_sol for r in rows):.1f}"] if show_sol else []
         body.append(cells + [""])
-    widths = [max(len(line[i]) for line in [header, *body]) for i in range(len(header))]
-
-    def line(cells):
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    lines = [line(header), line(["-" * w for w in widths]), *map(line, body)]
+    lines = text_table(header, body, left=1).split("\n")
     if rows:
-        lines.insert(len(lines) - 1, line(["-" * w for w in widths]))
+        lines.insert(len(lines) - 1, lines[1])  # a rule above the geomean row
     return "\n".join(lines)
 
 
@@ -421,7 +417,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes
             report.notes.append("timing needs a CUDA GPU: benchmark skipped")
             say(report.notes[-1])
         else:
-            report.copy_gbps = copy_bandwidth_gbps()
+            report.copy_gbps = _copy_bandwidth_gbps()
             say(f"device copy bandwidth: {report.copy_gbps:.0f} GB/s (read + write)")
             rows, checks = run_benchmarks(kernel, BENCHMARK_SHAPES, device, report.copy_gbps, seed=seed,
                                           warmup=warmup, reps=reps, log=log)

@@ -89,13 +89,13 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
 
 
-def decode_e4m3(t: torch.Tensor) -> torch.Tensor:
+def decode_e4m3(t: torch.Tensor, name: str = "t") -> torch.Tensor:
     """E4M3 scales (float8_e4m3fn or their uint8 bits) -> float32."""
-    require_tensor(t, "t")
+    require_tensor(t, name)
     if t.dtype == torch.uint8:
         t = t.view(torch.float8_e4m3fn)
     if t.dtype != torch.float8_e4m3fn:
-        raise NVFP4InputError(f"t: expected float8_e4m3fn or uint8, got {t.dtype}")
+        raise NVFP4InputError(f"{name}: expected float8_e4m3fn or uint8, got {t.dtype}")
     return t.to(torch.float32)
 
 
@@ -153,15 +153,13 @@ def dequantize_nvfp4(q: NVFP4Tensor) -> torch.Tensor:
     """Decode codes and both scale levels back to float32 values."""
     if not isinstance(q, NVFP4Tensor):
         raise NVFP4InputError(f"q: expected an NVFP4Tensor, got {type(q).__name__}")
-    codes, scales = fp4_bytes(q.codes, "q.codes"), require_tensor(q.scales, "q.scales")
-    if scales.dtype not in (torch.float8_e4m3fn, torch.uint8):
-        raise NVFP4InputError(f"q.scales: expected float8_e4m3fn or uint8, got {scales.dtype}")
+    codes, scales = fp4_bytes(q.codes, "q.codes"), decode_e4m3(q.scales, "q.scales")
     want = (*codes.shape[:-1], 2 * codes.shape[-1] // BLOCK_SIZE) if codes.dim() else None
     if want is None or codes.shape[-1] % (BLOCK_SIZE // 2) or tuple(scales.shape) != want:
         raise NVFP4InputError(f"q.scales: expected shape {want} (one per {BLOCK_SIZE} codes of q.codes "
                               f"{tuple(codes.shape)}), got {tuple(scales.shape)}")
-    values = decode_e2m1(unpack_fp4(q.codes)).unflatten(-1, (-1, BLOCK_SIZE))
-    scaled = values * decode_e4m3(q.scales).unsqueeze(-1) * q.global_scale
+    values = decode_e2m1(unpack_fp4(codes)).unflatten(-1, (-1, BLOCK_SIZE))
+    scaled = values * scales.unsqueeze(-1) * q.global_scale
     return scaled.flatten(-2)
 
 

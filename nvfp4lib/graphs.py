@@ -79,8 +79,9 @@ class GraphedGemv:
         """Capture (or capture again) a graph for these tensors without running it."""
         if not data[0].is_cuda:
             raise ValueError(f"data: CUDA graphs need tensors on a CUDA GPU, got {data[0].device}")
-        self._graphs.pop(graph_key(data), None)
-        self._capture(data, graph_key(data))
+        key = graph_key(data)
+        self._graphs.pop(key, None)
+        self._capture(data, key)
 
     def clear(self) -> None:
         """Drop every graph (after the GPU has finished replaying them) and its memory pool."""

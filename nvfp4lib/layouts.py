@@ -66,11 +66,14 @@ def to_permuted(sf: torch.Tensor) -> torch.Tensor:
     return tiles.view(sf.dtype).permute(3, 4, 1, 5, 2, 0)
 
 
+def _check_permuted_shape(sfp) -> None:
+    if require_tensor(sfp, "sfp").dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
+        raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+
+
 def from_permuted(sfp: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """[32, 4, rest_mn, 4, rest_k, L] -> plain [MN, K/16, L] (view of a contiguous (L, MN, K/16))."""
-    require_tensor(sfp, "sfp")
-    if sfp.dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
-        raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+    _check_permuted_shape(sfp)
     if tuple(sfp.shape[2:5:2]) != scale_tile_counts(mn, k_blocks):
         raise NVFP4InputError(
             f"sfp: expected rest_mn, rest_k = {scale_tile_counts(mn, k_blocks)} for mn={mn}, "
@@ -98,8 +101,7 @@ def from_blocked(flat: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
 
 
 def _check_permuted_storage(sfp: torch.Tensor) -> None:
-    if require_tensor(sfp, "sfp").dim() != 6 or tuple(sfp.shape[:2]) != (32, 4) or sfp.shape[3] != 4:
-        raise NVFP4InputError(f"sfp: expected shape [32, 4, rest_mn, 4, rest_k, L], got {tuple(sfp.shape)}")
+    _check_permuted_shape(sfp)
     _bytes(sfp, "sfp")  # the dtype
     rest_mn, rest_k, l = sfp.shape[2], sfp.shape[4], sfp.shape[5]
     want = permuted_strides(rest_mn, rest_k, l)

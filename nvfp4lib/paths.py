@@ -23,5 +23,3 @@ def figures_dir() -> Path:
     override = os.environ.get(FIGURES_ENV_VAR)
     return Path(override).expanduser().resolve() if override else REPO_ROOT / "figures"
 
-
-FIGURES_DIR = figures_dir()

@@ -30,7 +30,7 @@ from nvfp4lib.device import capabilities
 from nvfp4lib.formats import BLOCK_SIZE, decode_e2m1, decode_e4m3, fp4_bytes, unpack_fp4
 from nvfp4lib.layouts import (from_blocked, permuted_as_blocked_batches, scale_tile_counts,
                               to_blocked, to_permuted)
-from nvfp4lib.validate import NVFP4InputError, validate_gemv_input
+from nvfp4lib.validate import NVFP4InputError, TupleCache, validate_gemv_input
 
 HARDWARE_PATH = "cublas-fp4"
 OUT_DTYPE = torch.float16
@@ -131,10 +131,13 @@ def emulated_scaled_mm_fp4(a_codes: torch.Tensor, b_codes: torch.Tensor,
     return (a @ b.T).to(out_dtype)
 
 
-def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool) -> torch.Tensor:
-    if hardware:
-        return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
-    return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
+def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool, gemm=None) -> torch.Tensor:
+    """The FP4 GEMM: ``gemm`` (default torch._scaled_mm) where the hardware has it, else the emulation."""
+    if not hardware:
+        return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
+    if gemm is not None:
+        return gemm(mat1, mat2, scale1, scale2)
+    return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
 
 
 def _validate(data):
@@ -175,13 +178,24 @@ def gemv_scaled_mm_permuted(data) -> torch.Tensor:
     disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
     this reason.
     """
+    return _gemv_from_permuted(data)
+
+
+def _checked_blocked_views(data):
+    """Validate once, and the [L, n] blocked views: row l is permuted_as_blocked(sf_p, l)."""
     _validate(data)
-    a, b, _, _, sfa_p, sfb_p, c = data
+    return permuted_as_blocked_batches(data[4]), permuted_as_blocked_batches(data[5])
+
+
+_permuted_inputs = TupleCache()  # a repeated call on the same tuple skips both
+
+
+def _gemv_from_permuted(data, gemm=None) -> torch.Tensor:
+    blocked_a, blocked_b = _permuted_inputs.get(data, _checked_blocked_views)
+    a, b, c = data[0], data[1], data[6]
     hardware = _use_hardware(a.device)
-    # Row l of these [L, n] views is permuted_as_blocked(sf_p, l); building them once saves host time.
-    blocked_a, blocked_b = permuted_as_blocked_batches(sfa_p), permuted_as_blocked_batches(sfb_p)
     for l in range(a.shape[2]):
-        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware)
+        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware, gemm)
         c[:, 0, l].copy_(out[:, 0])
     return c
 
@@ -382,23 +396,16 @@ def gemv_scaled_mm_functional(data) -> torch.Tensor:
     another scaling mode; it saves nothing at run time against the permuted variant.
     Raises NotImplementedError when the installed PyTorch lacks the API.
     """
-    reason = functional_unavailable_reason()
-    if reason is not None:
-        raise NotImplementedError(reason)
-    fn, recipe, swizzle = _functional_api()
-    _validate(data)
-    a, b, _, _, sfa_p, sfb_p, c = data
-    hardware = _use_hardware(a.device)
-    blocked_a, blocked_b = permuted_as_blocked_batches(sfa_p), permuted_as_blocked_batches(sfb_p)
-    for l in range(a.shape[2]):
-        mat1, mat2, scale1, scale2 = a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l]
-        if hardware:
-            out = fn(mat1, mat2, scale1, recipe, scale2, recipe, swizzle_a=swizzle, swizzle_b=swizzle,
-                     output_dtype=OUT_DTYPE)
-        else:
-            out = emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
-        c[:, 0, l].copy_(out[:, 0])
-    return c
+    api = _functional_api()
+    if api is None:
+        raise NotImplementedError(functional_unavailable_reason())
+    fn, recipe, swizzle = api
+
+    def gemm(mat1, mat2, scale1, scale2):
+        return fn(mat1, mat2, scale1, recipe, scale2, recipe, swizzle_a=swizzle, swizzle_b=swizzle,
+                  output_dtype=OUT_DTYPE)
+
+    return _gemv_from_permuted(data, gemm)
 
 
 VARIANTS = {

@@ -34,10 +34,11 @@ per-batch function, so the splitting logic is exercised everywhere.
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Callable
 
 import torch
+
+from nvfp4lib.validate import TupleCache
 
 _SPLIT_CACHE_ENTRIES = 4
 
@@ -79,7 +80,7 @@ class StreamPool:
             with torch.cuda.device(device):
                 self._ready = torch.cuda.Event()  # recorded on the caller's stream
                 self._done = [torch.cuda.Event() for _ in range(n)]  # one per pool stream
-        self._splits: OrderedDict = OrderedDict()
+        self._splits = TupleCache(_SPLIT_CACHE_ENTRIES)
 
     @property
     def cuda(self) -> bool:
@@ -91,14 +92,7 @@ class StreamPool:
         Making the views costs a few microseconds of host time per batch; a repeated call on
         the same tuple reuses them (the entry holds the tuple, so its id is not reused).
         """
-        entry = self._splits.get(id(data))
-        if entry is not None and entry[0] is data:
-            return entry[1]
-        views = batch_views(data)
-        self._splits[id(data)] = (data, views)
-        while len(self._splits) > _SPLIT_CACHE_ENTRIES:
-            self._splits.popitem(last=False)
-        return views
+        return self._splits.get(data, batch_views)
 
     def __repr__(self) -> str:
         where = f"{self.device}" if self.cuda else "cpu, sequential"
@@ -142,21 +136,14 @@ def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
     return c
 
 
-class CutePerBatch:
-    """The CuTe GEMV kernel restricted to one batch: ``fn(batch_data)`` launches it on the
-    current stream for a 7-tuple with L = 1.
+def CutePerBatch(variant: str = "fast", cfg=None, max_entries: int = 64):  # noqa: N802 (a kernel factory)
+    """The CuTe GEMV kernel for per-batch tuples: ``fn(batch_data)`` launches it on the current
+    stream for a 7-tuple with L = 1.
 
     A `CuteGemv` validates each input tuple once and remembers its prepared arguments; a stream
     pool hands it L different per-batch tuples in turn, so this one remembers up to
     ``max_entries`` of them.
     """
+    from nvfp4lib.cute_gemv import CuteGemv, FastConfig
 
-    def __init__(self, variant: str = "fast", cfg=None, max_entries: int = 64):
-        from nvfp4lib.cute_gemv import CuteGemv, FastConfig
-
-        self.variant = variant
-        self.cfg = FastConfig() if cfg is None else cfg
-        self._kernel = CuteGemv(variant, self.cfg, cache_entries=max_entries)
-
-    def __call__(self, batch_data) -> torch.Tensor:
-        return self._kernel(batch_data)
+    return CuteGemv(variant, FastConfig() if cfg is None else cfg, cache_entries=max_entries)

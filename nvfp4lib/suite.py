@@ -139,7 +139,8 @@ def _bind_bf16(data):
 
 PEER_PATHS = (
     BenchPath("peer-eager", "peer", "eager dequant + matmul", _call(peers.eager_dequant_matmul)),
-    BenchPath("peer-compiled", "peer", "torch.compile dequant-reduce", _call(peers.compiled_dequant_reduce)),
+    BenchPath("peer-compiled", "peer", "torch.compile dequant-reduce", _call(peers.compiled_dequant_reduce),
+              lambda data: peers.compile_note or ""),  # says when it fell back to eager
     BenchPath("peer-bf16", "peer", "cuBLAS bf16 GEMV (pre-dequantized)", _bind_bf16),
 )
 
@@ -257,8 +258,6 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
     row["host_us"] = timings["leaderboard"].host_us
     if row["status"] == "inexact":
         return row
-    if path.name == "peer-compiled" and peers.compile_note:
-        row["note"] = peers.compile_note
     if path.describe is not None:
         try:
             row["note"] = _first_line(path.describe(data))
@@ -422,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = load_results(csv_path)
     for r in rows:
         if r["status"] in ("inexact", "error"):
-            print(f"{r['status']}: {r['path']} {r['m']}x{r['k']}x{r['l']}: {r['note']}", file=sys.stderr)
+            print(f"{r['status']}: {r['path']} {shape_text(r)}: {r['note']}", file=sys.stderr)
     # A failure of the workbook's own paths at the leaderboard's shapes fails the run; peers
     # outside the tolerance, and rounding at sweep sizes beyond the leaderboard's K, are reported.
     bad = [r for r in rows if r["status"] == "error"
