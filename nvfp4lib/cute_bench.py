@@ -4,6 +4,9 @@ One run measures the ceiling (a large device-to-device copy), checks every kerne
 variant against the reference on the test shapes and on extra shapes with the output
 poisoned first, then times each variant at the benchmark shapes both ways: kernel time
 (calls back to back) and leaderboard time (each call on its own, host cost included).
+Per shape it also times a pure streaming read of the same byte count the same way: the
+most any kernel that must read those bytes can reach under this timing (start-up and
+tail included), against which the GEMV's own time is judged as well.
 """
 
 from __future__ import annotations
@@ -12,29 +15,38 @@ import argparse
 import csv
 import sys
 
+import torch
 
 from .bench import copy_bandwidth_gbps, gbps, percent, time_kernel, time_leaderboard
-from .cute_gemv import CuteGemv, FastConfig
+from .cute_gemv import CuteGemv, FastConfig, _ld_global_v4_if, cute
 from .device import capabilities
 from .problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input
 from .reference import check, poison_
 
+try:  # CuTe DSL is optional (see cute_gemv)
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+except ImportError:  # pragma: no cover
+    cutlass = None
+
 EXTRA_SHAPES = [Shape(128, 64, 1), Shape(128, 192, 3), Shape(1024, 4096, 8), Shape(16384, 2048, 8), Shape(16384, 1024, 1)]
-DEFAULT_CONFIGS = ("4x4x2x4",)
+DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
 
 
 def parse_config(text: str) -> FastConfig:
-    """'RxWxU[xB][-perm][-loads][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...).
+    """'RxWxU[xB][-perm][-loads][-DECODE][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...).
 
     -perm reads the permuted scales; -loads times the loads alone (no decode, no math:
-    wrong results, not checked);
+    wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode;
     :QUALIFIERS sets the PTX qualifiers of the A loads, e.g. ':.nc' or ':.L2::256B'.
     """
     try:
         text, _, a_load = text.partition(":")
         flags = text.split("-")
         values = [int(v) for v in flags[0].lower().split("x")]
+        decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         cfg = FastConfig(*values, compute="loads" not in flags, permuted_scales="perm" in flags,
+                         decode=decode[-1] if decode else "auto",
                          **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError):
         raise SystemExit(f"--configs: expected RxWxU[xB] such as 2x4x2x4, got {text!r}") from None
@@ -43,10 +55,57 @@ def parse_config(text: str) -> FastConfig:
     return cfg
 
 
+class StreamRead:
+    """A loads-only kernel that reads a buffer once in address order, 16 bytes per load.
+
+    Every thread issues 4 independent 128-bit loads, thread t reading vectors t, t + T,
+    t + 2T, t + 3T (T threads in all), so the whole GPU sweeps one compact window of
+    memory, the access pattern DRAM serves best. It XORs what it read and writes it only
+    if it equals a value no buffer of ours produces, so the loads cannot be removed.
+    """
+
+    THREADS, LOADS = 256, 4
+
+    def __init__(self):
+        threads, loads = self.THREADS, self.LOADS
+
+        @cute.kernel
+        def kernel(src: cute.Tensor, n_vec: cutlass.Int32, sink: cute.Tensor):
+            total = cute.arch.grid_dim()[0] * threads
+            first = cute.arch.block_idx()[0] * threads + cute.arch.thread_idx()[0]
+            x = cutlass.Int32(0)
+            for u in cutlass.range_constexpr(loads):
+                i = first + u * total
+                for w in _ld_global_v4_if(src.iterator + cutlass.Int64(i) * 16, i < n_vec, ".nc.L1::no_allocate"):
+                    x = x ^ w
+            if x == cutlass.Int32(0x5EEDF00D):
+                sink[0] = x
+
+        @cute.jit
+        def launch(src_ptr: cutlass.Int64, n_vec: cutlass.Int32, sink_ptr: cutlass.Int64, stream):
+            src = cute.make_tensor(cute.make_ptr(cutlass.Uint8, src_ptr, cute.AddressSpace.gmem, assumed_align=16),
+                                   cute.make_layout(n_vec * 16))
+            sink = cute.make_tensor(cute.make_ptr(cutlass.Int32, sink_ptr, cute.AddressSpace.gmem, assumed_align=4),
+                                    cute.make_layout(1))
+            blocks = (n_vec + threads * loads - 1) // (threads * loads)
+            kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
+
+        self.fn = cute.compile(launch, cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0), make_fake_stream(),
+                               options="--enable-tvm-ffi")
+        self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """Random bytes (never all zeros), rounded up to whole 16-byte vectors."""
+        return torch.randint(0, 256, (-(-nbytes // 16) * 16,), dtype=torch.uint8, device="cuda")
+
+    def __call__(self, buf: torch.Tensor) -> None:
+        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+
+
 def variants(configs):
     yield "naive", CuteGemv("naive")
     for text in configs:
-        yield f"fast {text}", CuteGemv("fast", parse_config(text))
+        yield f"fast {text}", CuteGemv("fast", None if text == "default" else parse_config(text))
 
 
 def check_all(kernels, shapes, seed: int) -> bool:
@@ -54,7 +113,7 @@ def check_all(kernels, shapes, seed: int) -> bool:
     for shape in shapes:
         data = generate_input(*shape, seed=seed, mode="full", device="cuda")
         for name, kernel in kernels:
-            if not kernel.cfg.compute:
+            if kernel.cfg is not None and not kernel.cfg.compute:
                 continue
             poison_(data[-1])
             result = check(kernel(data), data)
@@ -66,9 +125,15 @@ def check_all(kernels, shapes, seed: int) -> bool:
 
 def time_all(kernels, shapes, ceiling: float, reps: int, flush: str = "write"):
     rows = []
+    reader = StreamRead()
     for shape in shapes:
         data = generate_input(*shape, seed=1, mode="full", device="cuda")
         nbytes = bytes_moved(shape)
+        buf = reader.buffer(nbytes)
+        read = time_kernel(lambda: reader(buf), reps=reps, flush=flush)  # noqa: B023 (timed here, in this iteration)
+        read_pct = percent(gbps(nbytes, read.median_us), ceiling)
+        print(f"read  {shape.m}x{shape.k}x{shape.l}: streaming read of the same {nbytes / 1e6:.1f} MB "
+              f"{read.median_us:.2f} us ({read_pct:.1f} % of copy)", flush=True)
         for name, kernel in kernels:
             n = reps if name != "naive" else max(3, reps // 20)
             k = time_kernel(lambda: kernel(data), reps=n, flush=flush)
@@ -76,16 +141,18 @@ def time_all(kernels, shapes, ceiling: float, reps: int, flush: str = "write"):
             rows.append(dict(
                 kernel=name, m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, flush=flush,
                 kernel_us=round(k.median_us, 2), kernel_pct=round(percent(gbps(nbytes, k.median_us), ceiling), 1),
+                read_us=round(read.median_us, 2), read_pct=round(read_pct, 1),
+                pct_of_read=round(100 * read.median_us / k.median_us, 1),
                 leaderboard_us=round(lb.median_us, 2), host_us=round(lb.host_us, 2),
             ))
-            print("time  {kernel:>12} {m}x{k}x{l}: kernel {kernel_us} us ({kernel_pct} % of copy), "
-                  "leaderboard {leaderboard_us} us, host {host_us} us".format(**rows[-1]), flush=True)
+            print("time  {kernel:>12} {m}x{k}x{l}: kernel {kernel_us} us ({kernel_pct} % of copy, {pct_of_read} % of "
+                  "the streaming read), leaderboard {leaderboard_us} us, host {host_us} us".format(**rows[-1]), flush=True)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU")
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU..., or 'default'")
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--flush", nargs="+", default=["write"], choices=["write", "clean"],

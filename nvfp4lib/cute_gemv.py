@@ -1,18 +1,21 @@
 """CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel.
 
 Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4
-decode is picked at compile time from the target: Blackwell (sm_100a and newer) has the
-hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so codes are decoded with
-integer bit operations (``_decode_word_bitops``). Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
+decode is picked at compile time from the target (``resolve_decode``): Blackwell (sm_100a and
+newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so the fast
+kernel looks codes up in a byte table with ``prmt`` and multiplies with integer ``dp4a``
+(``_decode_word_lut``), and the naive one (or ``decode="bitops"``) rebuilds fp16 bit patterns
+with integer operations (``_decode_word_bitops``). Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 
 The fast kernel gives each warp ``rows_per_warp`` rows of one batch at a time (a "row
 group"; warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes,
 two 16-element scale blocks), so every load of A is a 128-bit load and one warp-instruction
 reads 512 contiguous bytes of a row. B is decoded once per chunk and reused for all rows of
-the warp. The loads of the next step are issued before the math of the current one. Products
-of a 16-element block are summed in packed fp16 (exact: see ``_block_dot``), then scaled and
-accumulated in fp32, reduced over the warp with shuffles, and written as fp16. By default it
-reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load); the permuted
+the warp. The loads of the next step are issued before the math of the current one. Each
+16-element block is summed exactly (packed fp16, or int32 with the lookup: see ``_block_dot``
+and ``_block_dot_lut``), then scaled and accumulated in fp32, reduced over the warp with
+shuffles, and written as fp16. The tile shape is chosen per K (``default_config``). By default
+it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load); the permuted
 tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
 """
 
@@ -25,13 +28,13 @@ from dataclasses import dataclass
 import torch
 
 from .device import capabilities
-from .validate import TupleCache, validate_gemv_input
+from .validate import NVFP4InputError, TupleCache, validate_gemv_input
 
 try:  # CuTe DSL is optional: everything else in the package works without it.
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float16, Float32, Int32, Int64, Uint32
-    from cutlass.cute.runtime import make_fake_stream, make_fake_tensor
+    from cutlass.cute.runtime import make_fake_stream
 except ImportError:  # pragma: no cover - exercised on machines without the DSL
     cute = None
 
@@ -45,11 +48,12 @@ class FastConfig:
 
     rows_per_warp: int = 4
     warps_per_block: int = 4
-    unroll: int = 2  # 16-byte chunks per lane in flight, per row
+    unroll: int = 2  # 16-byte chunks per lane and row in one step
     blocks_per_sm: int = 4  # grid = min(work, SMs x this): warps loop over row groups
     compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
     a_load: str = ".nc.L1::no_allocate"  # PTX qualifiers of the A loads (read once: skip L1)
     permuted_scales: bool = False  # read sfa_permuted/sfb_permuted instead of the plain sfa/sfb
+    decode: str = "auto"  # FP4 decode: "hw" (sm_100a+), "lut" or "bitops" (any); "auto" picks per target
 
     @property
     def rows_per_block(self) -> int:
@@ -156,6 +160,64 @@ def _block_dot(a_words, b_halves, hw_e2m1: bool):
     return _half2_sum_f32(acc)
 
 
+# Register lookup (Hopper): twice each E2M1 magnitude, as bytes: 0, 1, 2, 3, 4, 6, 8, 12.
+_LUT_LO, _LUT_HI = 0x03020100, 0x0C080604
+_SIGNS = 0x88888888  # the sign bit of each of the 8 codes of a word
+
+
+def _lookup4(selectors):
+    """Bytes 2|v| of the 4 codes in the low 16 bits of ``selectors``; 0 for negative codes.
+
+    ``prmt`` picks byte ``code & 7`` of the table; a code's sign bit is prmt's
+    sign-replicate flag, which yields 0x00 because no table byte has its top bit set.
+    """
+    return cute.arch.inline_ptx(
+        f"prmt.b32 {{$w0}}, {_LUT_LO}, {_LUT_HI}, {{$r0}};", write_only_types=[Int32], read_only_args=[selectors]
+    )
+
+
+def _decode_word_lut(word):
+    """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones.
+
+    Returns (pos 0-3, pos 4-7, neg 0-3, neg 4-7): four words of 4 bytes, a byte 0 where the
+    code has the other sign. a . b = pos . b + neg . (-b) then needs no sign arithmetic.
+    """
+    x = Uint32(word)
+    flipped = x ^ Uint32(_SIGNS)
+    return (_lookup4(Int32(x)), _lookup4(Int32(x >> 16)), _lookup4(Int32(flipped)), _lookup4(Int32(flipped >> 16)))
+
+
+def _negate_bytes(v):
+    """-v per byte for bytes in [0, 128] (no borrow crosses a byte)."""
+    return Int32((Uint32(0x80808080) - Uint32(v)) ^ Uint32(0x80808080))
+
+
+def _decode_b_word_lut(word):
+    """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
+    pos_lo, pos_hi, neg_lo, neg_hi = _decode_word_lut(word)
+    return (pos_lo | _negate_bytes(neg_lo), pos_hi | _negate_bytes(neg_hi),
+            neg_lo | _negate_bytes(pos_lo), neg_hi | _negate_bytes(pos_hi))
+
+
+def _dp4a(a, b, acc):
+    return cute.arch.inline_ptx(
+        "dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[a, b, acc]
+    )
+
+
+def _block_dot_lut(a_words, b_bytes):
+    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers.
+
+    Exact: |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude.
+    """
+    acc = Int32(0)
+    for w in range(2):
+        parts = _decode_word_lut(a_words[w])
+        for i in range(4):
+            acc = _dp4a(parts[i], b_bytes[4 * w + i], acc)
+    return cute.arch.inline_ptx("cvt.rn.f32.s32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[acc])
+
+
 # --------------------------------------------------------------------------- fast kernel
 
 def _ld_global_v4_if(ptr, pred, hint: str):
@@ -209,22 +271,32 @@ def _stage_snapshot(stage):
     return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
 
 
-def _accumulate(values, rows: int, unroll: int, acc, hw_e2m1: bool):
-    """acc[r] += the dot products of one step's chunks (see ``_block_dot``)."""
+def _b_factor(decode: str):
+    """Undoes the scaling of the decode: 2^-14 on A (bit trick), 2 on A and on B (lookup)."""
+    return Float32({"hw": 1.0, "bitops": 16384.0, "lut": 0.25}[decode])
+
+
+def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str):
+    """acc[r] += the dot products of chunk u of one step (``_block_dot`` / ``_block_dot_lut``)."""
     a, sfa, b, sfb = values
-    a_factor = Float32(1.0 if hw_e2m1 else 16384.0)  # undoes the 2^-14 of the bit-trick decode
-    for u in range(unroll):
-        b_halves = []
-        for w in range(4):
-            b_halves.extend(_decode_b_word(b[4 * u + w], hw_e2m1))
-        sb0, sb1 = _e4m3x2_to_f32(sfb[u])
-        sb0, sb1 = sb0 * a_factor, sb1 * a_factor
-        for r in range(rows):
-            words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
-            sa0, sa1 = _e4m3x2_to_f32(sfa[r * unroll + u])
-            d0 = _block_dot(words[0:2], b_halves[0:8], hw_e2m1)
-            d1 = _block_dot(words[2:4], b_halves[8:16], hw_e2m1)
-            acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
+    b_dec = []
+    for w in range(4):
+        if cutlass.const_expr(decode == "lut"):
+            b_dec.extend(_decode_b_word_lut(b[4 * u + w]))
+        else:
+            b_dec.extend(_decode_b_word(b[4 * u + w], decode == "hw"))
+    sb0, sb1 = _e4m3x2_to_f32(sfb[u])
+    sb0, sb1 = sb0 * _b_factor(decode), sb1 * _b_factor(decode)
+    for r in range(rows):
+        words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
+        sa0, sa1 = _e4m3x2_to_f32(sfa[r * unroll + u])
+        if cutlass.const_expr(decode == "lut"):
+            d0 = _block_dot_lut(words[0:2], b_dec[0:8])
+            d1 = _block_dot_lut(words[2:4], b_dec[8:16])
+        else:
+            d0 = _block_dot(words[0:2], b_dec[0:8], decode == "hw")
+            d1 = _block_dot(words[2:4], b_dec[8:16], decode == "hw")
+        acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
 
 
 def _touch(values, rows: int, acc):
@@ -274,7 +346,7 @@ class _RowGroup:
         return _scale_offset(chunk, self.permuted)
 
 
-def _fast_kernel_factory(cfg: FastConfig, hw_e2m1: bool):
+def _fast_kernel_factory(cfg: FastConfig, decode: str):
     R, W, U = cfg.rows_per_warp, cfg.warps_per_block, cfg.unroll
     P = cfg.permuted_scales
 
@@ -297,28 +369,31 @@ def _fast_kernel_factory(cfg: FastConfig, hw_e2m1: bool):
         for r in cutlass.range_constexpr(R):
             acc[r] = Float32(0.0)
         stage = _make_staging(R, U)
-        group_id = first
-        step = Int32(0)
-        _stage_loads(stage, _RowGroup(a, b, sfa, sfb, group_id, R, P), lane, n_chunks, n_steps > 0, R, U, cfg.a_load)
+        # (load_group, load_step): the step whose loads are issued next, one ahead of (group_id, step)
+        load_group, load_step = first, Int32(0)
+        _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), lane, n_chunks, n_steps > 0, R, U, cfg.a_load)
+        group_id, step = first, Int32(0)
         for t in range(n_steps):
             values = _stage_snapshot(stage)
-            next_group, next_step = group_id, step + 1
-            if next_step == steps_per_group:
-                next_group, next_step = group_id + stride, Int32(0)
-            _stage_loads(stage, _RowGroup(a, b, sfa, sfb, next_group, R, P), next_step * 32 * U + lane, n_chunks,
+            load_step = load_step + 1
+            if load_step == steps_per_group:
+                load_group, load_step = load_group + stride, Int32(0)
+            _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), load_step * 32 * U + lane, n_chunks,
                          t + 1 < n_steps, R, U, cfg.a_load)
             if cutlass.const_expr(cfg.compute):
-                _accumulate(values, R, U, acc, hw_e2m1)
+                for u in cutlass.range_constexpr(U):
+                    _accumulate_chunk(values, u, R, U, acc, decode)
             else:
                 _touch(values, R, acc)
-            if next_step == 0:  # the row group is complete: reduce over the warp, write, reset
+            step = step + 1
+            if step == steps_per_group:  # the row group is complete: reduce over the warp, write, reset
                 done = _RowGroup(a, b, sfa, sfb, group_id, R, P)
                 for r in cutlass.range_constexpr(R):
                     total = cute.arch.warp_reduction_sum(acc[r])
                     if lane == r:
                         c[done.m0 + r, 0, done.batch] = total.to(Float16)
                     acc[r] = Float32(0.0)
-            group_id, step = next_group, next_step
+                group_id, step = group_id + stride, Int32(0)
 
     return kernel
 
@@ -373,17 +448,16 @@ def _gmem_tensor(dtype, address, shape, stride, align: int):
     )
 
 
-def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted_scales: bool):
-    """CuTe views of the inputs, from their addresses, K/2 and the output tensor c [M, 1, L].
+def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales: bool):
+    """CuTe views of the five tensors from their addresses, K/2, M and L.
 
-    The call passes plain integers (TVM-FFI converts those far faster than tensors) and
-    one tensor, c, from which the launch takes M, L, the device and the current stream.
+    The call passes plain integers only (TVM-FFI converts those far faster than tensors).
     The strides are the documented ones, which the caller validated once per input.
     """
     u8 = cutlass.Uint8
-    m, l = c.shape[0], c.shape[2]
     a = _gmem_tensor(u8, a_ptr, (m, kh, l), (kh, 1, m * kh), 16)
     b = _gmem_tensor(u8, b_ptr, (128, kh, l), (kh, 1, 128 * kh), 16)
+    c = _gmem_tensor(Float16, c_ptr, (m, 1, l), (1, m, m), 2)  # [M, 1, L] of an (L, M, 1) buffer
     kb = kh // 8  # scale bytes per row
     if permuted_scales:
         rest_m, rest_k = m // 128, kb // 4
@@ -393,17 +467,46 @@ def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted_scales:
     else:
         sfa = _gmem_tensor(u8, sfa_ptr, (m, kb, l), (kb, 1, m * kb), 4)
         sfb = _gmem_tensor(u8, sfb_ptr, (128, kb, l), (kb, 1, 128 * kb), 4)
-    return a, b, sfa, sfb
+    return a, b, sfa, sfb, c
 
 
-def _reads_permuted(variant: str, cfg: FastConfig) -> bool:
+def _reads_permuted(variant: str, cfg: FastConfig | None) -> bool:
     """Which scales a compiled kernel reads: the naive one (and -perm configs) the permuted ones."""
-    return cfg.permuted_scales or variant == "naive"
+    return variant == "naive" or (cfg is not None and cfg.permuted_scales)
+
+
+WIDE = FastConfig()  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
+TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
+
+
+def default_config(k: int) -> FastConfig:
+    """The fast kernel's config for this K, as measured best on the H200.
+
+    WIDE reads longer runs of each row, which the memory system serves better, but a step
+    covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224
+    chunks, 3.5 steps) its last step computes on zeros, and TALL is faster there.
+    """
+    return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 else TALL
 
 
 def _sm_count() -> int:
     """Multiprocessors of this GPU; a B200's 148 when cross-compiling without one."""
     return torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else 148
+
+
+HOPPER_DECODE = "lut"  # measured faster than "bitops" on the H200 (docs/cute_kernel_notes.md)
+
+
+def resolve_decode(arch: str, decode: str = "auto") -> str:
+    """The FP4 decode a kernel for ``arch`` uses: the hardware conversion where it exists."""
+    has_hw = int(arch.removeprefix("sm_").rstrip("af")) >= 100
+    if decode == "auto":
+        return "hw" if has_hw else HOPPER_DECODE
+    if decode not in ("hw", "lut", "bitops"):
+        raise ValueError(f"decode: expected 'auto', 'hw', 'lut' or 'bitops', got {decode!r}")
+    if decode == "hw" and not has_hw:
+        raise ValueError(f"decode: 'hw' needs cvt.rn.f16x2.e2m1x2 (sm_100a or newer), not {arch}")
+    return decode
 
 
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig = FastConfig(), options: str = ""):
@@ -416,13 +519,13 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     arch = arch or capabilities().cute_arch
     if arch is None:
         raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
-    hw_e2m1 = int(arch.removeprefix("sm_").rstrip("af")) >= 100
+    decode = resolve_decode(arch, cfg.decode)
     if variant == "fast":
-        kernel = _fast_kernel_factory(cfg, hw_e2m1)
+        kernel = _fast_kernel_factory(cfg, decode)
         threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
         max_blocks = _sm_count() * cfg.blocks_per_sm
     elif variant == "naive":
-        kernel = _naive_kernel_factory(hw_e2m1)
+        kernel = _naive_kernel_factory(decode == "hw")
         threads, rows_per_block = 128, 128
         max_blocks = 1 << 30
     else:
@@ -431,22 +534,27 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     permuted = _reads_permuted(variant, cfg)
 
     @cute.jit
-    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, kh: Int32, c: cute.Tensor, stream):
-        a, b, sfa, sfb = _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, kh, c, permuted)
-        n_blocks = cutlass.min((c.shape[0] * c.shape[2] + rows_per_block - 1) // rows_per_block, max_blocks)
+    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
+               stream):
+        a, b, sfa, sfb, c = _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted)
+        n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
         kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    sym = cute.sym_int
-    m = sym()
-    c = make_fake_tensor(Float16, (m, 1, sym()), (1, sym(), m), assumed_align=2)  # [M, 1, L] of an (L, M, 1) buffer
-    stream = make_fake_stream(use_tvm_ffi_env_stream=True)
-    return cute.compile(launch, *[Int64(0)] * 4, Int32(32), c, stream, options=f"--enable-tvm-ffi --gpu-arch {arch} {options}")
+    return cute.compile(launch, *[Int64(0)] * 5, *[Int32(1)] * 3, make_fake_stream(),
+                        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}")
 
 
 def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> str:
     """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed)."""
     with tempfile.TemporaryDirectory() as tmp:
         return compile_gemv(variant, arch, cfg, options=f"--keep-ptx --dump-dir {tmp}").__ptx__
+
+
+def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> bytes:
+    """The machine code (cubin) of one variant for ``arch``, compiled on any machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = compile_gemv(variant, arch, cfg, options=f"--keep-cubin --dump-dir {tmp}").__cubin__
+    return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
 
 
 @functools.cache
@@ -457,38 +565,52 @@ def _compiled(variant: str, arch: str, cfg: FastConfig):
 class CuteGemv:
     """A compiled kernel bound to this GPU, called with the leaderboard tuple.
 
-    The per-call host path is kept to a dict lookup and one TVM-FFI call with integer
-    arguments: inputs are validated once per input tuple and their addresses remembered
-    with it (``TupleCache``).
+    ``cfg=None`` (the fast variant's default) picks ``default_config(K)`` per input. The
+    per-call host path is kept to a dict lookup and one TVM-FFI call with integer
+    arguments: inputs are validated once per input tuple and their addresses and kernel
+    remembered with it (``TupleCache``).
     """
 
-    def __init__(self, variant: str = "fast", cfg: FastConfig = FastConfig(), cache_entries: int = 4):
+    def __init__(self, variant: str = "fast", cfg: FastConfig | None = None, cache_entries: int = 4):
         if variant not in ("fast", "naive"):
             raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
         caps = capabilities()
         self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
-        # Without a GPU nothing is compiled; a call then fails validation, naming the argument.
-        self.fn = _compiled(variant, self.arch, cfg) if caps.cuda else None
+        # Compiled now, not inside a timed or captured call. Without a GPU nothing is
+        # compiled; a call then fails validation, naming the argument.
+        configs = [cfg] if cfg is not None else [WIDE, TALL] if variant == "fast" else [FastConfig()]
+        self._kernels = {c: _compiled(variant, self.arch, c) for c in configs} if caps.cuda else {}
         self._prepared = TupleCache(cache_entries)
+
+    def config_for(self, k: int) -> FastConfig:
+        """The config a call with this K runs."""
+        if self.cfg is not None:
+            return self.cfg
+        return default_config(k) if self.variant == "fast" else FastConfig()
 
     def _prepare(self, data):
         return self._prepared.get(data, self._arguments)
 
     def _arguments(self, data):
-        k = validate_gemv_input(data, device="cuda").k
+        shape = validate_gemv_input(data, device="cuda")
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
+        if c.device.index != torch.cuda.current_device():
+            raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
+                                  f"got {c.device} (call under torch.cuda.device({c.device.index}))")
         if _reads_permuted(self.variant, self.cfg):
             sfa, sfb = sfa_p, sfb_p
-        return (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), k // 2, c)
+        pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
+        return self._kernels[self.config_for(shape.k)], pointers + (shape.k // 2, shape.m, shape.l), c.device.index
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
-        args = self._prepare(data)
-        if stream is None:
-            self.fn(*args)
-        else:
-            with torch.cuda.stream(stream):
-                self.fn(*args)
+        fn, args, device = self._prepare(data)
+        fn(*args, _current_stream(device) if stream is None else stream.cuda_stream)
         return data[-1]
+
+
+def _current_stream(device: int) -> int:
+    """The raw handle of this device's current stream (a C call; no Stream object is built)."""
+    return torch._C._cuda_getCurrentRawStream(device)
 
 
 _runners: dict[tuple, CuteGemv] = {}
@@ -497,10 +619,10 @@ _runners: dict[tuple, CuteGemv] = {}
 def gemv_cute(data, variant: str = "fast", cfg: FastConfig | None = None, stream=None) -> torch.Tensor:
     """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c.
 
-    Kernels are compiled once per (variant, config) and kept; ``cfg=None`` is the default
-    config (and skips hashing a config on every call).
+    Kernels are compiled once per (variant, config) and kept; ``cfg=None`` picks the default
+    config for the input's K (``default_config``).
     """
     runner = _runners.get((variant, cfg))
     if runner is None:
-        runner = _runners[variant, cfg] = CuteGemv(variant, cfg or FastConfig())
+        runner = _runners[variant, cfg] = CuteGemv(variant, cfg)
     return runner(data, stream)

@@ -72,9 +72,9 @@ def _anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
 
 
 def _make_cute() -> Callable:
-    from nvfp4lib.cute_gemv import CuteGemv, FastConfig
+    from nvfp4lib.cute_gemv import CuteGemv
 
-    return CuteGemv("fast", FastConfig())
+    return CuteGemv("fast")
 
 
 def _make_scaled_mm_streams() -> Callable:

@@ -1,15 +1,17 @@
 """Reading compiled PTX: which instructions a kernel got, how many of each, and where.
 
-The CuTe kernels compile for any target without a GPU (``cute_gemv.compile_ptx``), so the PTX
-is evidence that can be checked on any machine: whether a target decodes FP4 with the hardware
-conversion or with integer bit operations, whether loads are 128 bits wide, how many shuffles
-the warp reduction takes. Counts here are static (each instruction once, as written: a loop
-body counts once however often it runs).
+The CuTe kernels compile for any target without a GPU (``cute_gemv.compile_ptx`` and
+``compile_cubin``), so the PTX is evidence that can be checked on any machine: whether a target
+decodes FP4 with the hardware conversion, a register lookup or integer bit operations, whether
+loads are 128 bits wide, how many shuffles the warp reduction takes; the cubin says how many
+registers ptxas gave the kernel and whether it spilled. Counts here are static (each
+instruction once, as written: a loop body counts once however often it runs).
 """
 
 from __future__ import annotations
 
 import re
+import struct
 from collections import Counter
 
 _COMMENT = re.compile(r"//.*")
@@ -22,6 +24,7 @@ KINDS = (
     ("FP8 convert (cvt e4m3x2)", re.compile(r"^cvt\..*e4m3")),
     ("integer bit ops", re.compile(r"^(shl|shr|and|or|xor|not|prmt|lop3|bfe|bfi)\.(?!pred)")),
     ("packed fp16 math", re.compile(r"^(fma|add|mul|sub)\.[\w.]*f16x2$")),
+    ("integer dot products (dp4a)", re.compile(r"^dp[24]a\.")),
     ("fp32 math", re.compile(r"^(fma|add|mul|sub)\.[\w.]*f32$")),
     ("global loads", re.compile(r"^ld\.global")),
     ("warp shuffles", re.compile(r"^shfl\.")),
@@ -68,3 +71,29 @@ def excerpt(ptx: str, needle: str, before: int = 4, after: int = 12) -> str:
         raise ValueError(f"needle: {needle!r} does not occur in the PTX")
     start, stop = max(0, hit - before), min(len(lines), hit + after + 1)
     return "\n".join(lines[start:stop])
+
+
+# Attributes of a cubin's .nv.info section (ELF), per kernel: (format 0x04, code, size, symbol, value).
+_EIATTR = {0x2F: "registers", 0x11: "frame_bytes", 0x12: "min_stack_bytes"}
+
+
+def cubin_resources(cubin: bytes) -> dict[str, int]:
+    """Registers per thread and local-memory frame (spills) of the kernel in a cubin.
+
+    Read from the ELF's ``.nv.info`` section, so no CUDA tool is needed: a frame of 0 bytes
+    means no spills and no local arrays; the register count sets how many blocks fit per SM.
+    """
+    shoff = struct.unpack_from("<Q", cubin, 0x28)[0]
+    entsize, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * entsize) for i in range(count)]
+    names_at = headers[names_index][4]
+    for name_at, _, _, _, offset, size, *_ in headers:
+        if cubin[names_at + name_at:cubin.index(b"\0", names_at + name_at)] == b".nv.info":
+            info, found, i = cubin[offset:offset + size], {}, 0
+            while i < len(info):
+                fmt, code, length = info[i], info[i + 1], struct.unpack_from("<H", info, i + 2)[0]
+                if fmt == 0x04 and code in _EIATTR and length == 8:
+                    found[_EIATTR[code]] = struct.unpack_from("<I", info, i + 8)[0]
+                i += 4 + (length if fmt == 0x04 else 0)
+            return found
+    raise ValueError("cubin: no .nv.info section (not a CUDA ELF?)")

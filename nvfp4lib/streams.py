@@ -144,6 +144,6 @@ def CutePerBatch(variant: str = "fast", cfg=None, max_entries: int = 64):  # noq
     pool hands it L different per-batch tuples in turn, so this one remembers up to
     ``max_entries`` of them.
     """
-    from nvfp4lib.cute_gemv import CuteGemv, FastConfig
+    from nvfp4lib.cute_gemv import CuteGemv
 
-    return CuteGemv(variant, FastConfig() if cfg is None else cfg, cache_entries=max_entries)
+    return CuteGemv(variant, cfg, cache_entries=max_entries)

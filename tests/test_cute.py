@@ -5,6 +5,7 @@ import re
 import pytest
 import torch
 
+from nvfp4lib import ptx_tools
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import TEST_SHAPES, Shape, generate_input
 from nvfp4lib.reference import check, poison_
@@ -52,9 +53,49 @@ def test_no_local_memory(ptx, variant, target):
     assert not re.search(r"\.local\b|ld\.local|st\.local", ptx[variant, target])
 
 
+@pytest.mark.parametrize("config", ["WIDE", "TALL"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_machine_code_has_no_spills_and_fits_the_grid(config, target):
+    """ptxas's own accounting, read from the cubin: no local-memory frame (no spills), and few
+    enough registers for blocks_per_sm blocks per SM, which the persistent grid assumes."""
+    cfg = getattr(cute_gemv, config)
+    resources = ptx_tools.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
+    assert resources["frame_bytes"] == 0, resources
+    assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * cfg.blocks_per_sm), resources
+
+
+def test_hopper_fast_kernel_decodes_with_a_register_lookup(ptx):
+    """The default sm_90a decode: prmt looks codes up in a table held in two immediates, dp4a multiplies."""
+    text = ptx["fast", "sm_90a"]
+    assert cute_gemv.resolve_decode("sm_90a") == "lut"
+    assert "dp4a.s32.s32" in text
+    table = re.findall(r"prmt\.b32\s+%r\d+, (\d+), (\d+), %r\d+;", text)
+    assert table and set(table) == {(str(cute_gemv._LUT_LO), str(cute_gemv._LUT_HI))}
+    assert "dp4a" not in ptx["fast", "sm_100a"]
+
+
+def test_bitops_decode_compiles_for_hopper():
+    cfg = cute_gemv.FastConfig(decode="bitops")
+    text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
+    assert "e2m1" not in text and "dp4a" not in text
+    assert "fma.rn.f16x2" in text  # packed fp16 products of the bit-trick decode
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="variant"):
         cute_gemv.compile_gemv("fastest", "sm_90a")
+    with pytest.raises(ValueError, match="decode.*sm_100a or newer"):
+        cute_gemv.compile_gemv("fast", "sm_90a", cute_gemv.FastConfig(decode="hw"))
+    with pytest.raises(ValueError, match="decode"):
+        cute_gemv.resolve_decode("sm_90a", "table")
+
+
+@pytest.mark.parametrize("k, expected", [(16384, "WIDE"), (2048, "WIDE"), (7168, "TALL"), (256, "TALL")])
+def test_default_config_fills_whole_steps(k, expected):
+    """WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is not a multiple of 64, TALL."""
+    cfg = cute_gemv.default_config(k)
+    assert cfg == getattr(cute_gemv, expected)
+    assert (k // 32) % (32 * cfg.unroll) == 0 or cfg.unroll == 1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
@@ -64,12 +105,19 @@ def test_cpu_call_gives_clear_error():
         cute_gemv.gemv_cute(data)
 
 
+KERNELS = {  # name -> (variant, config); None is the per-K default
+    "naive": ("naive", None), "fast": ("fast", None),
+    "fast-wide-bitops": ("fast", cute_gemv.FastConfig(decode="bitops")), "fast-tall": ("fast", cute_gemv.TALL),
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not capabilities().cuda, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("variant", ["naive", "fast"])
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("shape", TEST_SHAPES + EXTRA_SHAPES, ids=lambda s: f"{s.m}x{s.k}x{s.l}")
-def test_matches_reference_on_gpu(variant, shape):
+def test_matches_reference_on_gpu(kernel, shape):
+    variant, cfg = KERNELS[kernel]
     data = generate_input(*shape, seed=shape.m + shape.k, mode="full", device="cuda")
     poison_(data[-1])
-    result = check(cute_gemv.gemv_cute(data, variant), data)
+    result = check(cute_gemv.gemv_cute(data, variant, cfg), data)
     assert result.ok, result.message
