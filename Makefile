@@ -61,7 +61,7 @@ BENCH_ARGS ?=
 bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<device>.csv, figures/00_*.png
 	$(PY) -m nvfp4lib.suite $(BENCH_ARGS)
 
-bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel and leaderboard time)
+bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel, leaderboard and host time; streaming-read ceiling)
 	$(PY) -m nvfp4lib.cute_bench
 
 calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json
