@@ -544,16 +544,20 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
                         options=f"--enable-tvm-ffi --gpu-arch {arch} {options}")
 
 
+def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
+    """Compile in a scratch folder and return the kept ``kind`` ("ptx" or "cubin"); no GPU needed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        return getattr(compile_gemv(variant, arch, cfg, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
+
+
 def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> str:
     """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return compile_gemv(variant, arch, cfg, options=f"--keep-ptx --dump-dir {tmp}").__ptx__
+    return _compile_artifact(variant, arch, cfg, "ptx")
 
 
 def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> bytes:
     """The machine code (cubin) of one variant for ``arch``, compiled on any machine."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = compile_gemv(variant, arch, cfg, options=f"--keep-cubin --dump-dir {tmp}").__cubin__
+    cubin = _compile_artifact(variant, arch, cfg, "cubin")
     return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
 
 
