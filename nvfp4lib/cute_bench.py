@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import sys
 
 import torch
 
 from .bench import copy_bandwidth_gbps, gbps, percent, time_kernel, time_leaderboard
-from .cute_gemv import CuteGemv, FastConfig, _ld_global_v4_if, cute
+from .cute_gemv import CuteGemv, FastConfig, _current_stream, _ld_global_v4_if, cute
 from .device import capabilities
 from .problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input
 from .reference import check, poison_
@@ -99,7 +100,13 @@ class StreamRead:
         return torch.randint(0, 256, (-(-nbytes // 16) * 16,), dtype=torch.uint8, device="cuda")
 
     def __call__(self, buf: torch.Tensor) -> None:
-        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), torch.cuda.current_stream().cuda_stream)
+        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), _current_stream(buf.device.index))
+
+
+@functools.cache
+def stream_reader() -> StreamRead:
+    """One compiled StreamRead per process."""
+    return StreamRead()
 
 
 def variants(configs):
@@ -125,7 +132,7 @@ def check_all(kernels, shapes, seed: int) -> bool:
 
 def time_all(kernels, shapes, ceiling: float, reps: int, flush: str = "write"):
     rows = []
-    reader = StreamRead()
+    reader = stream_reader()
     for shape in shapes:
         data = generate_input(*shape, seed=1, mode="full", device="cuda")
         nbytes = bytes_moved(shape)

@@ -271,8 +271,8 @@ def _stage_snapshot(stage):
     return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
 
 
-def _b_factor(decode: str):
-    """Undoes the scaling of the decode: 2^-14 on A (bit trick), 2 on A and on B (lookup)."""
+def _decode_factor(decode: str):
+    """Undoes the decode's scaling of a product: 2^-14 on A (bit trick), 2 on A and on B (lookup)."""
     return Float32({"hw": 1.0, "bitops": 16384.0, "lut": 0.25}[decode])
 
 
@@ -285,8 +285,9 @@ def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str):
             b_dec.extend(_decode_b_word_lut(b[4 * u + w]))
         else:
             b_dec.extend(_decode_b_word(b[4 * u + w], decode == "hw"))
+    factor = _decode_factor(decode)
     sb0, sb1 = _e4m3x2_to_f32(sfb[u])
-    sb0, sb1 = sb0 * _b_factor(decode), sb1 * _b_factor(decode)
+    sb0, sb1 = sb0 * factor, sb1 * factor
     for r in range(rows):
         words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
         sa0, sa1 = _e4m3x2_to_f32(sfa[r * unroll + u])
@@ -402,8 +403,6 @@ def _fast_kernel_factory(cfg: FastConfig, decode: str):
 
 
 def _naive_kernel_factory(hw_e2m1: bool):
-    a_factor = 1.0 if hw_e2m1 else 16384.0
-
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
         """One thread per (row, batch); 64-code K tiles; everything in fp32."""
@@ -433,7 +432,7 @@ def _naive_kernel_factory(hw_e2m1: bool):
                             a_lo, a_hi = _half2_to_f32_pair(ah[h])
                             b_lo, b_hi = _half2_to_f32_pair(bh[h])
                             part = part + a_lo * b_lo + a_hi * b_hi
-                    acc = acc + part * (sa * sb * Float32(a_factor))
+                    acc = acc + part * (sa * sb * _decode_factor("hw" if hw_e2m1 else "bitops"))
             c[m, 0, batch] = acc.to(Float16)
 
     return kernel
