@@ -19,26 +19,44 @@ FP4_MAX = 6.0
 E4M3_MAX = 448.0
 BLOCK_SIZE = 16
 
-# Midpoints between neighbouring magnitudes (codes 0..7): where rounding changes code.
-_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+FLOAT32_MAX = torch.finfo(torch.float32).max  # NVFP4's per-tensor scale is an fp32 number
+
+
+def _midpoints(magnitudes) -> tuple[float, ...]:
+    """Where rounding moves from one magnitude (in increasing order) to the next."""
+    return tuple((lo + hi) / 2 for lo, hi in zip(magnitudes, magnitudes[1:]))
+
+
+_E2M1_MIDPOINTS = _midpoints(E2M1_VALUES[:8])  # codes 0..7
+_E4M3_MIDPOINTS = _midpoints(  # bytes 0x00..0x7E (0x7F is NaN); exact in float64
+    torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).double().tolist())
+
+
+def _nearest_code(x: torch.Tensor, midpoints: tuple[float, ...], sign_bit: int) -> torch.Tensor:
+    """uint8 code of the magnitude nearest to |x|, ties to the even code, saturating at the largest,
+    with the sign of x at `sign_bit`.
+
+    Codes number the magnitudes in increasing order and an even code has mantissa bit 0, so ties
+    to the even code is IEEE round-half-to-even. x is converted once, before any arithmetic, to
+    float64: it holds every float32, fp16 and bfloat16 value and every integer up to 2^53 exactly
+    (a larger integer stays beyond every midpoint, with its sign), so the code is the only rounding.
+    """
+    exact = x.to(torch.float64)
+    mids = torch.tensor(midpoints, dtype=torch.float64, device=x.device)
+    magnitude = exact.abs()
+    below = torch.bucketize(magnitude, mids, right=False)  # midpoints strictly below
+    at_or_below = torch.bucketize(magnitude, mids, right=True)
+    # Off a midpoint both counts agree; on one they differ by 1 and the even one wins.
+    code = torch.where(at_or_below % 2 == 0, at_or_below, below).to(torch.uint8)
+    return code | (torch.signbit(exact).to(torch.uint8) << sign_bit)
 
 
 def encode_e2m1(x: torch.Tensor) -> torch.Tensor:
-    """Round to the nearest E2M1 code (ties to even code), saturating at +-6.
-
-    Ties go to the even code because an even code has mantissa bit 0, which is what
-    IEEE round-half-to-even means for this format. The sign of zero is kept.
-    """
+    """Round to the nearest E2M1 code (ties to even code), saturating at +-6; the sign of zero is kept."""
     require_real(x, "x")
     if torch.isnan(x).any():
         raise NVFP4InputError("x: expected finite values to encode as E2M1, got NaN")
-    mag = x.abs().float().clamp(max=FP4_MAX)
-    mids = torch.tensor(_E2M1_MIDPOINTS, device=x.device)
-    below = torch.bucketize(mag, mids, right=False)  # midpoints strictly below mag
-    at_or_below = torch.bucketize(mag, mids, right=True)
-    # Off a midpoint both counts agree; on one they differ by 1 and the even one wins.
-    code = torch.where(at_or_below % 2 == 0, at_or_below, below).to(torch.uint8)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
+    return _nearest_code(x, _E2M1_MIDPOINTS, 3)
 
 
 def _check_codes(codes) -> None:
@@ -89,6 +107,12 @@ def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(-2)
 
 
+def byte_values(device=None) -> torch.Tensor:
+    """[256, 2] float32: the values of the two codes of every byte, low nibble first, so that
+    one lookup per byte decodes packed data."""
+    return decode_e2m1(unpack_fp4(torch.arange(256, dtype=torch.uint8, device=device))).view(256, 2)
+
+
 def decode_e4m3(t: torch.Tensor, name: str = "t") -> torch.Tensor:
     """E4M3 scales (float8_e4m3fn or their uint8 bits) -> float32."""
     require_tensor(t, name)
@@ -100,11 +124,29 @@ def decode_e4m3(t: torch.Tensor, name: str = "t") -> torch.Tensor:
 
 
 def encode_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """float -> float8_e4m3fn, saturating at +-448 (a plain cast would give NaN)."""
+    """float -> float8_e4m3fn, nearest with ties to even, saturating at +-448 (a plain cast gives NaN
+    beyond 464, and rounds a float64 twice, through float32)."""
     require_real(x, "x")
     if torch.isnan(x).any():
         raise NVFP4InputError("x: expected values to encode as E4M3 (Inf saturates), got NaN")
-    return x.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return _nearest_code(x, _E4M3_MIDPOINTS, 7).view(torch.float8_e4m3fn)
+
+
+def encode_blocks(blocks: torch.Tensor, multipliers: torch.Tensor) -> torch.Tensor:
+    """uint8 E2M1 codes of blocks [..., n, size] divided by their block's multiplier [..., n] (its
+    scale times any global scale), in float64. A block whose multiplier is zero (all zeros, or a
+    scale below its format's range) gets code 0."""
+    denom = multipliers.to(torch.float64).unsqueeze(-1)
+    positive = denom > 0
+    return encode_e2m1(torch.where(positive, blocks.to(torch.float64) / torch.where(positive, denom, 1.0), 0.0))
+
+
+def decode_blocks(codes: torch.Tensor, multipliers: torch.Tensor) -> torch.Tensor:
+    """float32 values of E2M1 codes [..., n, size] times their block's multiplier [..., n].
+
+    The product is formed in float64, exactly when the multiplier has at most 51 significant bits
+    (an E4M3 scale times an fp32 global scale has 28), and rounded once to float32."""
+    return (decode_e2m1(codes).double() * multipliers.to(torch.float64).unsqueeze(-1)).float()
 
 
 @dataclass
@@ -116,37 +158,63 @@ class NVFP4Tensor:
     global_scale: float
 
 
-def quantize_nvfp4(x: torch.Tensor, global_scale: float | None = None) -> NVFP4Tensor:
-    """Two-level NVFP4 quantization along the last dimension.
+def _require_global_scale(value, name: str) -> float:
+    """A positive float within float32's range: NVFP4 stores the per-tensor scale as an fp32."""
+    try:
+        ok = bool(0 < value <= FLOAT32_MAX)  # False for NaN and Inf
+        beyond = not ok and math.isfinite(value) and value > FLOAT32_MAX
+    except TypeError:
+        ok = beyond = False
+    if not ok:
+        raise NVFP4InputError(f"{name}: expected a finite positive float, got {value!r}"
+                              + (f", beyond float32's range (max {FLOAT32_MAX:.6g})" if beyond else ""))
+    return float(value)
 
-    The fp32 global scale (amax / (6 * 448)) lets every block scale fit E4M3's range;
-    each 16-element block then gets the E4M3 scale that maps its amax to 6.
+
+def quantize_blocks(x: torch.Tensor, block_size: int = BLOCK_SIZE,
+                    global_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """NVFP4's two-level recipe along the last dimension, with blocks of `block_size`.
+
+    Returns (uint8 E2M1 codes shaped like x, float8_e4m3fn scales [..., K / block_size], global
+    scale). The global scale (amax / (6 * 448) unless given) moves the data's range to the top of
+    E4M3's; each block gets the E4M3 scale nearest to its amax / 6 / global, each value the E2M1
+    code nearest to value / (scale * global). The arithmetic is float64 on x converted once, so no
+    input is rounded before its code, and a tensor so small that its global scale is no normal
+    float32 keeps its data.
     """
     require_real(x, "x")
-    if x.dim() == 0 or x.shape[-1] % BLOCK_SIZE:
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise NVFP4InputError(f"block_size: expected a positive int, got {block_size!r}")
+    if x.dim() == 0 or x.shape[-1] % block_size:
         raise NVFP4InputError(
-            f"x: expected the last dimension to be a multiple of {BLOCK_SIZE}, got shape {tuple(x.shape)}")
-    x = x.float()
-    if not torch.isfinite(x).all():
+            f"x: expected the last dimension to be a multiple of {block_size}, got shape {tuple(x.shape)}")
+    exact = x.to(torch.float64)
+    if not torch.isfinite(exact).all():
         raise NVFP4InputError("x: expected finite values, got NaN or Inf")
     if global_scale is None:
-        amax = x.abs().max().item() if x.numel() else 0.0
+        amax = exact.abs().max().item() if exact.numel() else 0.0
         global_scale = amax / (FP4_MAX * E4M3_MAX) if amax > 0 else 1.0
-    try:
-        ok = math.isfinite(global_scale) and global_scale > 0
-    except TypeError:
-        ok = False
-    if not ok:
-        raise NVFP4InputError(f"global_scale: expected a finite positive float, got {global_scale!r}")
-    # float64: for amax below ~3e-35 the global scale is no normal float32, and float32 math would
-    # round it (or flush it to zero) and lose the data
-    blocks = x.double().unflatten(-1, (-1, BLOCK_SIZE))
+        if global_scale > FLOAT32_MAX:
+            raise NVFP4InputError(f"x: expected max |x| <= 6 * 448 * {FLOAT32_MAX:.6g} (a global scale "
+                                  f"within float32's range), got {amax:.6g}")
+    global_scale = _require_global_scale(global_scale, "global_scale")
+    blocks = exact.unflatten(-1, (-1, block_size))
     scales = encode_e4m3(blocks.abs().amax(-1) / FP4_MAX / global_scale)
-    denom = (decode_e4m3(scales).double() * global_scale).unsqueeze(-1)
-    # A block whose scale is zero (all zeros, or too small for E4M3) decodes to zero anyway.
-    scaled = torch.where(denom > 0, blocks / torch.where(denom > 0, denom, 1.0), 0.0)
-    codes = pack_fp4(encode_e2m1(scaled.flatten(-2)))
-    return NVFP4Tensor(as_fp4x2(codes), scales, float(global_scale))
+    codes = encode_blocks(blocks, decode_e4m3(scales).double() * global_scale)
+    return codes.flatten(-2), scales, global_scale
+
+
+def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, global_scale: float) -> torch.Tensor:
+    """float32 values of `quantize_blocks`' output (the block size is codes' last dimension over
+    scales')."""
+    multipliers = decode_e4m3(scales, "scales").double() * global_scale
+    return decode_blocks(codes.unflatten(-1, (scales.shape[-1], -1)), multipliers).flatten(-2)
+
+
+def quantize_nvfp4(x: torch.Tensor, global_scale: float | None = None) -> NVFP4Tensor:
+    """Two-level NVFP4 quantization along the last dimension (`quantize_blocks` with blocks of 16)."""
+    codes, scales, global_scale = quantize_blocks(x, BLOCK_SIZE, global_scale)
+    return NVFP4Tensor(as_fp4x2(pack_fp4(codes)), scales, global_scale)
 
 
 def dequantize_nvfp4(q: NVFP4Tensor) -> torch.Tensor:
@@ -158,9 +226,8 @@ def dequantize_nvfp4(q: NVFP4Tensor) -> torch.Tensor:
     if want is None or codes.shape[-1] % (BLOCK_SIZE // 2) or tuple(scales.shape) != want:
         raise NVFP4InputError(f"q.scales: expected shape {want} (one per {BLOCK_SIZE} codes of q.codes "
                               f"{tuple(codes.shape)}), got {tuple(scales.shape)}")
-    values = decode_e2m1(unpack_fp4(codes)).unflatten(-1, (-1, BLOCK_SIZE))
-    scaled = values * scales.unsqueeze(-1) * q.global_scale
-    return scaled.flatten(-2)
+    global_scale = _require_global_scale(q.global_scale, "q.global_scale")
+    return dequantize_blocks(unpack_fp4(codes), q.scales, global_scale)
 
 
 def sqnr_db(ref: torch.Tensor, approx: torch.Tensor) -> float:

@@ -8,6 +8,8 @@ are the same bytes, in the same order, as cuBLAS's blocked buffer; hence the fre
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 
 from nvfp4lib.validate import NVFP4InputError, require_tensor, strides_match
@@ -121,6 +123,9 @@ def permuted_as_blocked_batches(sfp: torch.Tensor) -> torch.Tensor:
 def permuted_as_blocked(sfp: torch.Tensor, l: int) -> torch.Tensor:
     """Batch l of the permuted scales as a flat cuBLAS blocked buffer; a view, no copy."""
     batches = permuted_as_blocked_batches(sfp)
+    # a bool (or a tensor) would pass as an index, and select all batches or some other view
+    if isinstance(l, bool) or not isinstance(l, numbers.Integral):
+        raise NVFP4InputError(f"l: expected an int batch index, got {l!r} of type {type(l).__name__}")
     if not 0 <= l < batches.shape[0]:
         raise NVFP4InputError(f"l: expected 0 <= l < {batches.shape[0]}, got {l}")
     return batches[l]

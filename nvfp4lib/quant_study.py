@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 
 from nvfp4lib.formats import (
-    BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, FP4_MAX, decode_e2m1, decode_e4m3, encode_e2m1, encode_e4m3,
-    fp4_bytes, sqnr_db, unpack_fp4,
+    BLOCK_SIZE, E2M1_VALUES, FP4_MAX, decode_blocks, decode_e4m3, dequantize_blocks, encode_blocks, fp4_bytes,
+    quantize_blocks, sqnr_db, unpack_fp4,
 )
 
 DISTRIBUTIONS = ("gaussian", "laplace", "student_t3", "gaussian_outliers")
@@ -51,17 +51,13 @@ def sample(name: str, rows: int, cols: int, *, seed: int = 0,
     raise ValueError(f"name: expected one of {DISTRIBUTIONS}, got {name!r}")
 
 
-def _block_scales(amax: torch.Tensor, scale_format: str,
-                  tensor_amax: float) -> tuple[torch.Tensor, float]:
-    """(block scale as the format stores it, per-tensor fp32 scale) for each block."""
-    if scale_format == "fp32":  # ideal: the exact amax / 6 (an upper bound on what scales can do)
-        return amax / FP4_MAX, 1.0
-    if scale_format == "e4m3":  # NVFP4: fp32 per-tensor scale, E4M3 per block
-        g = tensor_amax / (FP4_MAX * E4M3_MAX) if tensor_amax > 0 else 1.0
-        return decode_e4m3(encode_e4m3(amax / FP4_MAX / g)), g
+def _study_multipliers(amax: torch.Tensor, scale_format: str) -> torch.Tensor:
+    """float64 scale of each block of the formats other than NVFP4's, from the block amax."""
+    if scale_format == "fp32":  # ideal: amax / 6 as an fp32 (an upper bound on what scales can do)
+        return (amax / FP4_MAX).float().double()
     if scale_format == "e8m0":  # MX: a power of two, 2^(floor(log2 amax) - 2); may clip to 6
-        exp = torch.floor(torch.log2(amax.clamp(min=torch.finfo(torch.float32).tiny)))
-        return torch.where(amax > 0, torch.exp2(exp - E8M0_EMAX_E2M1), 0.0), 1.0
+        _, exponent = torch.frexp(amax)  # amax = mantissa * 2^exponent, mantissa in [0.5, 1)
+        return torch.where(amax > 0, torch.ldexp(torch.ones_like(amax), exponent - 1 - E8M0_EMAX_E2M1), 0.0)
     raise ValueError(f"scale_format: expected one of {SCALE_FORMATS}, got {scale_format!r}")
 
 
@@ -71,10 +67,10 @@ def fake_quantize(x: torch.Tensor, block_size: int | str = 16,
     return the dequantized float32 tensor.
 
     `block_size` is an int dividing the last dimension, "row" (one scale per row) or
-    "tensor" (one scale for everything). At block 16 with "e4m3" this is exactly
-    `dequantize_nvfp4(quantize_nvfp4(x))`.
+    "tensor" (one scale for everything). "e4m3" is NVFP4's recipe (`formats.quantize_blocks`),
+    so at block 16 this is exactly `dequantize_nvfp4(quantize_nvfp4(x))`; the other scale formats
+    share its encode and decode steps.
     """
-    x = x.float()
     if block_size == "row":
         block_size = x.shape[-1]
     elif block_size == "tensor":
@@ -84,11 +80,11 @@ def fake_quantize(x: torch.Tensor, block_size: int | str = 16,
         raise ValueError(f"block_size: expected a divisor of the last dimension {x.shape[-1]}, "
                          f"'row' or 'tensor', got {block_size!r}")
     blocks = x.reshape(-1, block_size)
-    amax = blocks.abs().amax(-1, keepdim=True)
-    s, g = _block_scales(amax, scale_format, x.abs().max().item() if x.numel() else 0.0)
-    denom = s * g
-    scaled = torch.where(denom > 0, blocks / torch.where(denom > 0, denom, 1.0), 0.0)
-    return (decode_e2m1(encode_e2m1(scaled)) * s * g).reshape(x.shape)
+    if scale_format == "e4m3":
+        return dequantize_blocks(*quantize_blocks(blocks, block_size)).reshape(x.shape)
+    blocks = blocks.double()
+    multipliers = _study_multipliers(blocks.abs().amax(-1), scale_format)
+    return decode_blocks(encode_blocks(blocks, multipliers), multipliers).reshape(x.shape)
 
 
 def bits_per_value(block_size: int | str, scale_format: str = "e4m3") -> float:

@@ -355,8 +355,8 @@ def check_reference(case) -> None:
     exact, magnitude = exact_gemv(a, b, sfa, sfb)
     want = exact.T[:, None, :].astype(np.float32)
     if case["k"] <= 1024:
-        assert np.array_equal(got.numpy(), want), "float64 sums of exact products are exact here"
-    else:  # float64 sums now round: bound the difference by the float64 and float32 roundings
+        assert np.array_equal(got.numpy(), want), "the exact sum, rounded once to float32"
+    else:  # the float64 sums of this file now round: bound the difference by theirs and float32's
         tol = 2.0 ** -24 * np.abs(exact) + case["k"] * 2.0 ** -52 * magnitude
         assert (np.abs(got.numpy()[:, 0, :].T - exact) <= tol).all()
 

@@ -1,5 +1,6 @@
 """Scale layouts: plain <-> permuted 6-D <-> cuBLAS blocked, and the zero-copy view."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -120,3 +121,17 @@ def test_layout_errors():
         to_permuted(torch.zeros(4, 4))
     with pytest.raises(NVFP4InputError, match="^sf2d: expected"):
         to_blocked(torch.zeros(4, 4, 1, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("index", [True, False, 1.0, torch.tensor(1), "1", None])
+def test_permuted_as_blocked_refuses_batch_indices_that_are_not_ints(index):
+    """A bool indexes as a mask (True selects every batch); a float or tensor is no batch number."""
+    sfp = to_permuted(random_scales(256, 8, 2, 0))
+    with pytest.raises(NVFP4InputError, match=r"^l: expected an int batch index, got "):
+        permuted_as_blocked(sfp, index)
+
+
+def test_permuted_as_blocked_accepts_integer_types():
+    sfp = to_permuted(random_scales(256, 8, 2, 0))
+    for index in (1, np.int64(1), torch.tensor(1).item()):
+        assert torch.equal(as_bytes(permuted_as_blocked(sfp, index)), as_bytes(permuted_as_blocked_batches(sfp)[1]))

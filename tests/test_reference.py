@@ -1,4 +1,4 @@
-"""The float64 reference against a naive loop, and the checker against planted errors."""
+"""The exact reference against a naive loop, and the checker against planted errors."""
 
 import math
 
@@ -77,7 +77,7 @@ def test_check_accepts_correctly_rounded_fp16(m, k, l):
 def test_check_catches_one_wrong_element():
     data = generate_input(256, 256, 2, seed=1)
     out = fp16_answer(data)
-    out[77, 0, 1] = out[77, 0, 1] * 1.01 + 1
+    out[77, 0, 1] += 1 + 0.01 * out[77, 0, 1].abs()  # off by more than 1, whatever its sign
     result = check(out, data)
     assert not result.ok and result.n_bad == 1 and result.max_abs_err >= 1
     assert "(m=77, l=1)" in result.message
@@ -92,6 +92,53 @@ def test_check_reports_unwritten_elements():
     result = check(out, data)
     assert not result.ok and result.n_bad == 56
     assert "NaN (unwritten?)" in result.message and "(m=200, l=0)" in result.message
+
+
+def hand_built(a_bytes, sfa_bytes, rows: int = 4, k: int = 64):
+    """A 7-tuple (rows, K, L = 1) with A from one byte value per row, the vector all code 7 (6.0)
+    and every vector scale 448; sfa_bytes[r] is row r's scale for every block."""
+    data = list(generate_input(rows, k, 1, seed=3))
+    data[0].view(torch.uint8)[:, :, 0] = torch.tensor(a_bytes, dtype=torch.uint8).unsqueeze(1)
+    data[1].view(torch.uint8)[0] = 0x77
+    data[2].view(torch.uint8)[:, :, 0] = torch.tensor(sfa_bytes, dtype=torch.uint8).unsqueeze(1)
+    data[3].view(torch.uint8)[0] = 0x7E
+    return tuple(data)
+
+
+def test_check_treats_matching_infinities_as_equal():
+    """Rows 0 and 1 sum to +-64 * 6 * 448 * 6 * 448 = +-4.6e8, beyond fp16: the leaderboard's fp16
+    expected value is +-inf there, and an output of the same infinity matches it."""
+    data = hand_built([0x77, 0xFF, 0x77, 0x11], [0x7E, 0x7E, 0x08, 0x08])  # 6 | -6 at 448; 6 | 0.5 at 2^-6
+    exact = reference_gemv(data)[:, 0, 0]
+    assert exact.tolist() == [64 * 36 * 448.0 ** 2, -64 * 36 * 448.0 ** 2, 64 * 36 * 7.0, 64 * 3 * 7.0]
+    out = exact.half().unsqueeze(-1).unsqueeze(-1)
+    assert out[0].isposinf().all() and out[1].isneginf().all()
+    assert check(out, data).ok
+    for row, wrong in ((0, -math.inf), (1, math.inf), (0, 65504.0), (1, math.nan), (2, math.inf)):
+        bad = out.clone()
+        bad[row] = wrong
+        result = check(bad, data)
+        assert not result.ok and result.n_bad == 1, (row, wrong)
+    # a float32 output has the range: 4.6e8 is finite there, and inf is wrong
+    assert check(exact.unsqueeze(-1).unsqueeze(-1), data).ok
+    assert not check(out.float(), data).ok
+
+
+def test_check_treats_nan_where_the_reference_is_nan_as_equal():
+    """A NaN scale (E4M3 0x7F) makes its row NaN in the reference, as in a GEMM; only NaN matches
+    it, and NaN elsewhere (an unwritten element) is still a mismatch."""
+    data = hand_built([0x77, 0x12, 0x34, 0x56], [0x7F, 0x38, 0x30, 0x40])
+    expected = reference_gemv(data)
+    assert expected[0].isnan().all() and not expected[1:].isnan().any()
+    out = expected.half()
+    assert check(out, data).ok
+    bad = out.clone()
+    bad[0] = 1.0
+    assert not check(bad, data).ok
+    bad = out.clone()
+    bad[2] = math.nan
+    result = check(bad, data)
+    assert not result.ok and result.n_bad == 1 and "(m=2, l=0): got NaN (unwritten?)" in result.message
 
 
 def test_check_rejects_wrong_shape():
@@ -114,4 +161,4 @@ def test_reference_on_cuda_equals_cpu():
     cpu = reference_gemv(generate_input(256, 512, 2, seed=5))
     gpu = reference_gemv(generate_input(256, 512, 2, seed=5, device="cuda"))
     assert gpu.is_cuda
-    torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-6, atol=1e-6)
+    assert torch.equal(gpu.cpu(), cpu)  # both the exact sum, rounded once
