@@ -6,8 +6,9 @@ sequence once and replays it with a single launch, which can only help when the 
 GPU, is the bottleneck, as it is for short calls timed one at a time.
 
 A graph replays the exact kernels it recorded, with the exact pointers: it reads and writes the
-same memory every time. So a graph is valid for one set of tensors (their data pointers, shapes,
-strides and dtypes); values changed in place are picked up, new tensors need a new capture.
+same memory every time. So a graph is valid for one layout of memory (the tensors' data addresses,
+shapes, strides, dtypes and devices); values changed in place are picked up, new tensors need a
+new capture.
 `GraphedGemv` keeps a few graphs keyed that way and captures again when the key changes. Building
 the key costs a few microseconds of host time per call (seven tensors), part of its price.
 
@@ -29,8 +30,12 @@ CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the fu
 
 
 def graph_key(data) -> tuple:
-    """What a captured graph depends on: every tensor's data pointer, shape, stride and dtype."""
-    return tuple((t.data_ptr(), t.shape, t.stride(), t.dtype) for t in data)
+    """What a captured graph depends on: every tensor's data address, shape, strides, dtype and device.
+
+    Not the tensor objects (a replay reads the memory, whichever tensor now holds it) and not
+    their version counters (a replay reads the values as they are; c is written by every call).
+    """
+    return tuple([(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
 
 class GraphedGemv:

@@ -21,15 +21,13 @@ Which path ran is recorded in `last_path`.
 
 from __future__ import annotations
 
-import weakref
-from collections import OrderedDict
-
 import torch
 
 from nvfp4lib.device import capabilities
-from nvfp4lib.formats import BLOCK_SIZE, decode_e2m1, decode_e4m3, fp4_bytes, unpack_fp4
+from nvfp4lib.formats import BLOCK_SIZE, byte_values, decode_e4m3, fp4_bytes
 from nvfp4lib.layouts import (from_blocked, permuted_as_blocked_batches, scale_tile_counts,
                               to_blocked, to_permuted)
+from nvfp4lib.streams import StreamPool
 from nvfp4lib.validate import NVFP4InputError, TupleCache, validate_gemv_input
 
 HARDWARE_PATH = "cublas-fp4"
@@ -97,8 +95,7 @@ def _byte_table(device: torch.device) -> torch.Tensor:
     stream (e.g. a stream pool's) can read it.
     """
     if device not in _byte_tables:
-        every_byte = torch.arange(256, dtype=torch.uint8)
-        _byte_tables[device] = decode_e2m1(unpack_fp4(every_byte)).view(256, 2).to(device)
+        _byte_tables[device] = byte_values().to(device)
     return _byte_tables[device]
 
 
@@ -121,9 +118,16 @@ def emulated_scaled_mm_fp4(a_codes: torch.Tensor, b_codes: torch.Tensor,
 
     It takes the same arguments with the same checks (a_codes row-major [M, K/2], b_codes
     column-major [K/2, N], flat blocked scale buffers) and decodes the scales from the blocked
-    buffer, so a wrong layout gives wrong numbers here as it would on the GPU. The dequantized
-    operands (2 significant bits times 4) are exact in fp32, and even in TF32; the products
-    are summed in fp32 and rounded once to `out_dtype`, as cuBLAS does.
+    buffer, so a wrong layout gives wrong numbers here as it would on the GPU.
+
+    What it promises: every dequantized operand (an E2M1 value times an E4M3 scale) is exact in
+    fp32, and so is every product; the sum over K is an fp32 matmul, rounded once to `out_dtype`.
+    What it does not: cuBLAS also sums in fp32 but in its own order, so the two can differ by fp32
+    rounding of partial sums (the error bound of any fp32 sum: at most about K * 2^-24 times the
+    sum of |products|), which is far inside rtol = atol = 1e-3 for NVFP4 data but not zero, and
+    can swallow whole terms where large products cancel. It is not the exact reference
+    (nvfp4lib.reference is). Scales are decoded as signed E4M3; cuBLAS reads NVFP4 block scales as
+    unsigned UE4M3, so the two are comparable only for scales with the sign bit clear.
     """
     _check_scaled_mm_args(a_codes, b_codes, scale_a_blocked, scale_b_blocked)
     a = _dequantize(a_codes, scale_a_blocked)
@@ -187,7 +191,7 @@ def _checked_blocked_views(data):
     return permuted_as_blocked_batches(data[4]), permuted_as_blocked_batches(data[5])
 
 
-_permuted_inputs = TupleCache()  # a repeated call on the same tuple skips both
+_permuted_inputs = TupleCache()  # a repeated call on the same tensors skips both
 
 
 def _gemv_from_permuted(data, gemm=None) -> torch.Tensor:
@@ -201,70 +205,7 @@ def _gemv_from_permuted(data, gemm=None) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------
-# Variant 3: transposed GEMM, batched + cached scale conversion, optional streams
-
-
-class BlockedScaleCache:
-    """Blocked scales [L, n] of recently seen plain scale tensors, so repeated calls on the
-    same data skip the conversion.
-
-    An entry is keyed by what identifies the memory and its view (data_ptr, shape, stride,
-    dtype, device) and is valid only while the tensor's ``_version`` is unchanged (every
-    in-place write through any view bumps it) and the tensor it was made from is alive (a
-    weak reference: a freed tensor's address may be reused by new data). Writes that bypass
-    PyTorch (a kernel writing through a raw pointer) are invisible: call `clear()` after those.
-    On CUDA an entry remembers the stream that produced it and an event after the conversion;
-    a hit on another stream waits for that event, so a cached buffer is never read early.
-    """
-
-    def __init__(self, max_entries: int = 8):
-        self.max_entries = max_entries
-        self._entries: OrderedDict = OrderedDict()
-        self.hits = 0
-        self.misses = 0
-
-    @staticmethod
-    def _key(sf: torch.Tensor):
-        return (sf.data_ptr(), tuple(sf.shape), sf.stride(), sf.dtype, sf.device)
-
-    def get(self, sf: torch.Tensor) -> torch.Tensor | None:
-        key = self._key(sf)
-        entry = self._entries.get(key)
-        if entry is not None:
-            version, ref, blocked, stream, ready = entry
-            if version == sf._version and ref() is not None:
-                self._entries.move_to_end(key)
-                self.hits += 1
-                if stream is not None and torch.cuda.current_stream(blocked.device) != stream:
-                    current = torch.cuda.current_stream(blocked.device)
-                    current.wait_event(ready)
-                    blocked.record_stream(current)  # keep the memory until this stream is done
-                return blocked
-            del self._entries[key]
-        self.misses += 1
-        return None
-
-    def put(self, sf: torch.Tensor, blocked: torch.Tensor) -> None:
-        """Remember `blocked`, converted on the current stream (where it is complete)."""
-        stream = ready = None
-        if blocked.is_cuda:
-            stream = torch.cuda.current_stream(blocked.device)
-            ready = stream.record_event()
-        self._entries[self._key(sf)] = (sf._version, weakref.ref(sf), blocked, stream, ready)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.hits = self.misses = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-
-scale_cache = BlockedScaleCache()
-_side_streams: dict = {}
-_stream_pools: dict = {}
+# Variant 3: transposed GEMM, batched scale conversion, optional streams
 
 
 def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
@@ -272,73 +213,71 @@ def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
     return permuted_as_blocked_batches(to_permuted(sf))
 
 
+_side_streams: dict = {}
+_stream_pools: dict = {}
+
+
 def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _side_streams:
-        _side_streams[index] = torch.cuda.Stream(device=index)
-    return _side_streams[index]
+    """A second stream on this device (a tensor's device, index included), made once and kept."""
+    if device not in _side_streams:
+        _side_streams[device] = torch.cuda.Stream(device=device)
+    return _side_streams[device]
 
 
-def _stream_pool(device: torch.device, size: int) -> list:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    pool = _stream_pools.setdefault(index, [])
-    while len(pool) < size:
-        pool.append(torch.cuda.Stream(device=index))
-    return pool[:size]
+def _stream_pool(device: torch.device, n: int) -> StreamPool:
+    """A pool of n streams on this device (a tensor's device, index included), made once and kept."""
+    if (device, n) not in _stream_pools:
+        _stream_pools[device, n] = StreamPool(n, device)
+    return _stream_pools[device, n]
 
 
-def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *, cache: bool = True,
+def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *,
                    side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocked [L, n] scales of A and B, as the transposed variant gets them: from `scale_cache`,
-    or converted all batches at once (A's on a side CUDA stream if `side_stream`)."""
-    got_a = scale_cache.get(sfa) if cache else None
-    got_b = scale_cache.get(sfb) if cache else None
-    miss_a, miss_b = got_a is None, got_b is None
-    if miss_a and side_stream and sfa.is_cuda:
-        caller, side = torch.cuda.current_stream(sfa.device), _side_stream(sfa.device)
-        side.wait_stream(caller)  # the scales may have just been written on the caller's stream
-        with torch.cuda.stream(side):
-            got_a = convert_scales_batched(sfa)
-        if miss_b:
-            got_b = convert_scales_batched(sfb)  # meanwhile, on the caller's stream
-        caller.wait_stream(side)
-        got_a.record_stream(caller)  # made on `side`, read on `caller`
-    else:
-        got_a = convert_scales_batched(sfa) if miss_a else got_a
-        got_b = convert_scales_batched(sfb) if miss_b else got_b
-    if cache and miss_a:
-        scale_cache.put(sfa, got_a)
-    if cache and miss_b:
-        scale_cache.put(sfb, got_b)
-    return got_a, got_b
+    """Blocked [L, n] scales of A and B, as the transposed variant gets them: converted all
+    batches at once, on every call (A's on a side CUDA stream if `side_stream`).
+
+    Not cached: a cache would have to know that the scales are unchanged, and PyTorch's version
+    counter misses writes through ``.data``, through numpy, through another tensor over the
+    same storage and through raw pointers (kernels), so a cached buffer could be stale.
+    """
+    if not (side_stream and sfa.is_cuda):
+        return convert_scales_batched(sfa), convert_scales_batched(sfb)
+    caller, side = torch.cuda.current_stream(sfa.device), _side_stream(sfa.device)
+    side.wait_stream(caller)  # the scales may have just been written on the caller's stream
+    with torch.cuda.stream(side):
+        blocked_a = convert_scales_batched(sfa)
+    blocked_b = convert_scales_batched(sfb)  # meanwhile, on the caller's stream
+    caller.wait_stream(side)
+    blocked_a.record_stream(caller)  # made on `side`, read on `caller`
+    return blocked_a, blocked_b
 
 
-def gemv_scaled_mm_transposed(data, *, streams: int = 0, cache: bool = True,
-                              side_stream: bool = False) -> torch.Tensor:
+def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = False) -> torch.Tensor:
     """The same GEMM the other way round: ``B_padded @ A.T`` -> [128, M], keep row 0.
 
     Saves, against `gemv_scaled_mm_reference`:
-    * the scale conversion: all L batches are converted at once (one set of kernels instead of
-      L per operand) and the result is cached (`scale_cache`), so repeated calls on unchanged
-      data convert nothing; an in-place change to sfa/sfb invalidates the entry. `cache=False`
-      converts every call; `side_stream=True` runs the A conversion on a second CUDA stream
-      while the B conversion runs on the caller's, so the two small conversions overlap.
+    * scale conversion kernels: all L batches are converted at once (one set of kernels instead
+      of L per operand), from the plain scales on every call, so the result always reflects
+      the scales as they are (`blocked_scales` says why nothing is cached); `side_stream=True`
+      runs the A conversion on a second CUDA stream while the B conversion runs on the
+      caller's, so the two small conversions overlap.
     * a strided gather: the wanted output is row 0 of a row-major [128, M] result, M
       contiguous fp16 values, instead of column 0 of [M, 128] (a stride-128 read).
     * possibly GEMM time: the large dimension M becomes the GEMM's N (the side whose tile width
       is flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's
       heuristics pick a faster kernel this way is measured, not assumed (notebook 03).
 
-    `streams=n > 0` launches batch l on stream l % n of a small pool (CUDA only; ignored on
-    the CPU), with events joining every pool stream back into the caller's current stream:
-    no device synchronize, and work queued afterwards on the caller's stream sees c written.
+    `streams=n > 0` launches batch l on stream l % n of a `StreamPool` kept per device and n
+    (CUDA only; ignored on the CPU), joined back into the caller's current stream: no device
+    synchronize, and work queued afterwards on the caller's stream sees c written. Like any
+    StreamPool, it serves one host thread at a time.
     """
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
         raise NVFP4InputError(f"streams: expected an int >= 0 (0 = the caller's stream), got {streams!r}")
     _validate(data)
     a, b, sfa, sfb, _, _, c = data
     hardware = _use_hardware(a.device)
-    blocked_a, blocked_b = blocked_scales(sfa, sfb, cache=cache, side_stream=side_stream)
+    blocked_a, blocked_b = blocked_scales(sfa, sfb, side_stream=side_stream)
 
     def one_batch(l: int) -> None:
         out = _scaled_mm(b[:, :, l], a[:, :, l].T, blocked_b[l], blocked_a[l], hardware)
@@ -348,17 +287,8 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, cache: bool = True,
     if streams == 0 or not a.is_cuda:
         for l in range(n_batches):
             one_batch(l)
-        return c
-
-    caller = torch.cuda.current_stream(a.device)
-    pool = _stream_pool(a.device, min(streams, n_batches))
-    for s in pool:
-        s.wait_stream(caller)  # inputs, scales and c are ready on the caller's stream
-    for l in range(n_batches):
-        with torch.cuda.stream(pool[l % len(pool)]):
-            one_batch(l)
-    for s in pool:
-        caller.wait_stream(s)
+    else:
+        _stream_pool(a.device, streams).run(one_batch, range(n_batches))
     return c
 
 

@@ -7,18 +7,20 @@ record per call, and the leaderboard times each call on its own, so that cost is
 
 Ordering with the caller. Work queued before the call on the caller's current stream (say, the
 inputs being written) must finish before any pool stream reads the inputs, and work queued after
-the call on the caller's stream must see c written. So `run_batches` records one event on the
-caller's stream that every pool stream waits on before its batches, records one event on each
-pool stream after its batches, and makes the caller's stream wait on all of them before it
-returns. Nothing waits on the host (no synchronize): the call returns as soon as the work is
-queued, and the result is safe to use on the caller's stream, exactly like a single kernel.
+the call on the caller's stream must see c written. So `StreamPool.run` (behind `run_batches`
+and the transposed `_scaled_mm` GEMV) records one event on the caller's stream that every pool
+stream waits on before its batches, records one event on each pool stream after its batches,
+and makes the caller's stream wait on all of them before it returns. Nothing waits on the host
+(no synchronize): the call returns as soon as the work is queued, and the result is safe to use
+on the caller's stream, exactly like a single kernel.
 This fork/join pattern is also legal inside CUDA graph capture, so a graph can record it.
 
 Memory (PyTorch's caching allocator). A block is handed out again as soon as its tensor is
 freed on the host, to later work on the stream that allocated it; that is only safe for work
 ordered after every use. Here:
-* the inputs and c belong to the caller; the per-batch views made here allocate nothing, and
-  the join orders every later use or free on the caller's stream after the pool's work;
+* the inputs and c belong to the caller, as do buffers it made for the call before the fork
+  (the transposed GEMV's converted scales); the per-batch views made here allocate nothing,
+  and the join orders every later use or free on the caller's stream after the pool's work;
 * temporaries that a per-batch function allocates on a pool stream (cuBLAS outputs, say) are
   used and freed on that stream only, so the allocator's reuse is in stream order;
 * the per-batch function writes its result into the c of the tuple it is given (every GEMV here
@@ -90,9 +92,34 @@ class StreamPool:
         """`batch_views(data)`, remembered for the last few input tuples.
 
         Making the views costs a few microseconds of host time per batch; a repeated call on
-        the same tuple reuses them (the entry holds the tuple, so its id is not reused).
+        the same tensors reuses them (a `TupleCache`, keyed on the tensors, not the container).
         """
         return self._splits.get(data, batch_views)
+
+    def run(self, fn: Callable, items) -> None:
+        """``fn(item)`` for every item, item i on stream i % n, joined into the caller's stream.
+
+        Only min(n, len(items)) streams are used; `items` is any sliceable sequence (per-batch
+        tuples, a range of batch indices). CUDA pools only; see the module docstring for the
+        ordering and for what ``fn`` may allocate.
+        """
+        caller = torch.cuda.current_stream(self.device)
+        n = min(self.n, len(items))
+        self._ready.record(caller)
+        started = 0
+        try:
+            for i in range(n):
+                stream = self.streams[i]
+                stream.wait_event(self._ready)  # the caller's earlier work (inputs, c) comes first
+                started = i + 1
+                with torch.cuda.stream(stream):
+                    for item in items[i::n]:
+                        fn(item)
+        finally:
+            # Join even on an error, so nothing queued on a pool stream is left unordered.
+            for i in range(started):
+                self._done[i].record(self.streams[i])
+                caller.wait_event(self._done[i])
 
     def __repr__(self) -> str:
         where = f"{self.device}" if self.cuda else "cpu, sequential"
@@ -115,24 +142,7 @@ def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
         return c
     if not pool.cuda or c.device != pool.device:
         raise ValueError(f"pool: the inputs are on {c.device}, the pool's streams on {pool.device}")
-
-    caller = torch.cuda.current_stream(pool.device)
-    n = min(pool.n, len(batches))
-    pool._ready.record(caller)
-    started = 0
-    try:
-        for i in range(n):
-            stream = pool.streams[i]
-            stream.wait_event(pool._ready)  # the caller's earlier work (inputs, c) comes first
-            started = i + 1
-            with torch.cuda.stream(stream):
-                for part in batches[i::n]:
-                    per_batch_fn(part)
-    finally:
-        # Join even on an error, so nothing queued on a pool stream is left unordered.
-        for i in range(started):
-            pool._done[i].record(pool.streams[i])
-            caller.wait_event(pool._done[i])
+    pool.run(per_batch_fn, batches)
     return c
 
 

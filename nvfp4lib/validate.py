@@ -41,26 +41,42 @@ def require_real(x, name: str) -> torch.Tensor:
 
 
 class TupleCache:
-    """What was prepared for the last few input tuples (validation, views, addresses).
+    """What was prepared for the last few inputs (validation, views, raw addresses), keyed on
+    the tensors themselves.
 
-    A GEMV called again on the same 7-tuple skips that work: the per-call host cost is one
-    dict lookup. An entry holds its tuple, so the tensors stay alive and the tuple's id
-    cannot be reused while the entry lives; values written into the same tensors are read.
+    A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
+    all that the prepared data depends on: the object (its id), data address, shape, strides,
+    dtype and device. The container is not part of it, so a tuple and a list of the same
+    tensors share an entry, and a list whose items are replaced, or a tensor re-pointed in
+    place (``set_``, ``.data = ...``, ``as_strided_``), is prepared again. An entry holds its
+    tensors, so their ids cannot be reused while it lives, and a hit means every remembered
+    address is where each tensor's data is now. Values are not in the key (c is written by
+    every call): nothing prepared here may depend on them. Per call: 6 reads of each tensor
+    and one dict lookup, a few microseconds of host time and no device work.
     """
 
     def __init__(self, max_entries: int = 4):
         self.max_entries = max_entries
-        self._entries: dict[int, tuple] = {}
+        self._entries: dict[tuple, tuple] = {}
+
+    @staticmethod
+    def key(data) -> tuple:
+        """Per tensor: (id, data address, shape, strides, dtype, device)."""
+        return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
     def get(self, data, make):
-        """make(data) the first time this tuple is seen, the remembered result afterwards."""
-        entry = self._entries.get(id(data))
-        if entry is not None and entry[0] is data:
+        """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""
+        try:
+            key = self.key(data)
+        except (TypeError, AttributeError):  # not a sequence of tensors: make() reports what is wrong
+            return make(data)
+        entry = self._entries.get(key)
+        if entry is not None:
             return entry[1]
         value = make(data)
         if len(self._entries) >= self.max_entries:
             self._entries.pop(next(iter(self._entries)))  # the oldest
-        self._entries[id(data)] = (data, value)
+        self._entries[key] = (tuple(data), value)
         return value
 
 
@@ -74,12 +90,21 @@ def plain_strides(rows: int, cols: int, l: int) -> tuple[int, int, int]:
     return (cols, 1, rows * cols)
 
 
+def _storage_span(x: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte address of the whole storage behind x (not only x's own elements)."""
+    storage = x.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128, need_k_multiple: int = 64,
                         check_storage: bool = True):
     """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
 
     `check_storage=False` skips strides and alignment, for code that indexes the tensors
-    (the reference) rather than reading raw pointers.
+    (the reference) rather than reading raw pointers. Always refused: a zero M, K or L, and a
+    `c` that shares memory with an input (the byte ranges of their storages overlap, e.g. c is
+    a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
+    what a kernel writes through raw pointers elsewhere cannot be detected.
     """
     from nvfp4lib.layouts import permuted_strides, scale_tile_counts  # they import this module
     from nvfp4lib.problem import Shape
@@ -97,6 +122,9 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128,
 
     m, half_k, l = t["a"].shape
     k = 2 * half_k
+    for label, size in (("M", m), ("K", k), ("L", l)):
+        if size == 0:
+            raise NVFP4InputError(f"a: expected M, K and L >= 1, got {label} = 0 (shape {tuple(t['a'].shape)})")
     if t["b"].shape[1] != half_k:
         raise NVFP4InputError(f"b: expected K/2 = {half_k} (from a), got shape {tuple(t['b'].shape)}")
     if t["b"].shape[2] != l:
@@ -139,4 +167,11 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128,
         got = t["a"].device
         if got.type != want.type or (want.index is not None and got.index != want.index):
             raise NVFP4InputError(f"data: expected tensors on {want}, got {got}")
+    if t["c"].device.type != "meta":  # meta tensors have no memory
+        c_first, c_end = _storage_span(t["c"])
+        for name in NAMES[:-1]:
+            first, end = _storage_span(t[name])
+            if first < c_end and c_first < end:
+                raise NVFP4InputError(f"c: expected memory of its own (c is written), but it shares "
+                                      f"storage bytes with {name}")
     return Shape(m, k, l)

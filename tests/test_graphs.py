@@ -40,10 +40,13 @@ def test_cpu_inputs_pass_straight_through():
         assert g.note == CPU_NOTE
 
 
-def test_key_changes_with_pointer_shape_and_stride():
+def test_key_changes_with_pointer_shape_stride_and_dtype():
     data = _fresh(Shape(128, 64, 2))
     key = graph_key(data)
     assert graph_key(tuple(list(data))) == key
+    assert graph_key(list(data)) == key  # the container does not matter, its contents do
+    retyped = (data[0].view(torch.uint8),) + data[1:]  # same address, shape and strides
+    assert graph_key(retyped) != key
     assert graph_key(_fresh(Shape(128, 64, 2))) != key  # new tensors, new pointers
     shifted = (data[0][:, :, 1:],) + data[1:]
     assert graph_key(shifted) != key

@@ -65,12 +65,32 @@ def test_every_batch_is_handed_over_once_in_order():
     assert seen == [a.data_ptr() + l * a.stride(2) for l in range(5)]
 
 
-def test_split_is_cached_per_input_tuple():
+def test_split_is_cached_per_set_of_tensors():
     pool = StreamPool(2, "cpu")
     data = _fresh(Shape(128, 64, 3))
-    assert pool.split(data) is pool.split(data)
-    other = tuple(list(data))  # equal contents, another tuple object: new views
-    assert pool.split(other) is not pool.split(data)
+    views = pool.split(data)
+    assert pool.split(data) is views
+    assert pool.split(list(data)) is views  # the same tensors in another container
+    replaced = list(data)
+    replaced[6] = data[6].clone()  # another c: new views, of the new c
+    assert pool.split(replaced) is not views
+    new_c = replaced[6]
+    assert [part[6].data_ptr() for part in pool.split(replaced)] == [
+        new_c.data_ptr() + l * new_c.stride(2) * new_c.element_size() for l in range(3)]
+
+
+def test_pool_writes_the_c_now_in_a_reused_list():
+    """A list refilled with new tensors between calls: the batches come from the new tensors."""
+    pool = StreamPool(2, "cpu")
+    data = list(_fresh(Shape(128, 256, 3)))
+    run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pool)
+    old_c = data[6].clone()
+    data[:] = _fresh(Shape(128, 256, 3))
+    out = run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pool)
+    assert out is data[6]
+    result = check(out, data)
+    assert result.ok, result.message
+    assert not torch.equal(out, old_c)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
@@ -240,3 +260,17 @@ def test_cuda_protocol_uses_at_most_l_streams(recorded_pool):
     pool, log, current = recorded_pool
     run_batches(lambda part: None, tuple(_FakeTensor(1) for _ in range(7)), pool)
     assert [e for e in log if e[1] == "s1"] == []
+
+
+def test_cuda_protocol_of_run_over_batch_indices(recorded_pool):
+    """`StreamPool.run` takes any sliceable items, e.g. the batch indices of the transposed GEMV."""
+    pool, log, current = recorded_pool
+    pool.run(lambda l: log.append(("run", current[0].name, l)), range(5))
+    assert log == [
+        ("record", "caller", "ready"),
+        ("wait", "s0", "ready"), ("run", "s0", 0), ("run", "s0", 2), ("run", "s0", 4),
+        ("wait", "s1", "ready"), ("run", "s1", 1), ("run", "s1", 3),
+        ("record", "s0", "done0"), ("wait", "caller", "done0"),
+        ("record", "s1", "done1"), ("wait", "caller", "done1"),
+    ]
+    assert current[0].name == "caller"

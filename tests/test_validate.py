@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.reference import reference_gemv
 from nvfp4lib.validate import NVFP4InputError, validate_gemv_input
 
 
@@ -117,3 +118,56 @@ def test_valid_cuda_input():
     assert validate_gemv_input(data, device="cuda") == Shape(256, 128, 2)
     with pytest.raises(NVFP4InputError, match="^data: expected all tensors on one device"):
         validate_gemv_input(replaced(data, 0, data[0].cpu()))
+
+
+def zero_sized(data, dim: int):
+    """The tuple with one of M (dim 0), K (dim 1) or L (dim 2) cut to zero wherever it appears."""
+    data = list(data)
+    for index in (0, 1, 2, 3, 6):  # a, b, sfa, sfb, c: [rows, K-ish, L]
+        if dim == 0 and index in (1, 3):
+            continue  # b and sfb keep their 128 rows
+        if dim == 1 and index == 6:
+            continue  # c has no K
+        data[index] = data[index].narrow(dim, 0, 0)
+    return tuple(data)
+
+
+@pytest.mark.parametrize("dim, label", [(0, "M"), (1, "K"), (2, "L")])
+@pytest.mark.parametrize("entry", [validate_gemv_input, reference_gemv])
+def test_zero_sizes_are_refused_by_name(data, dim, label, entry):
+    with pytest.raises(NVFP4InputError, match=rf"^a: expected M, K and L >= 1, got {label} = 0"):
+        entry(zero_sized(data, dim))
+
+
+def bytes_of(t: torch.Tensor) -> torch.Tensor:
+    """All bytes of t's storage, as a flat uint8 tensor over the same memory."""
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def c_inside(t: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A float16 tensor with like's shape and strides whose bytes lie in t's storage from `offset`."""
+    raw = bytes_of(t)[offset:offset + 2 * like.numel()]
+    return raw.view(torch.float16).as_strided(like.shape, like.stride())
+
+
+@pytest.mark.parametrize("index, name", [(0, "a"), (1, "b"), (2, "sfa"), (3, "sfb"), (4, "sfa_permuted"),
+                                         (5, "sfb_permuted")])
+def test_c_sharing_memory_with_an_input_is_refused(data, index, name):
+    aliased = c_inside(data[index], 0, data[6])
+    with pytest.raises(NVFP4InputError, match=rf"^c: expected memory of its own .*shares storage bytes with {name}$"):
+        validate_gemv_input(replaced(data, 6, aliased))
+
+
+def test_c_in_another_part_of_an_inputs_storage_is_refused(data):
+    """Not the same elements, but the same allocation: refused all the same."""
+    storage = bytes_of(data[0])
+    aliased = c_inside(data[0], storage.numel() - 2 * data[6].numel(), data[6])
+    with pytest.raises(NVFP4InputError, match=r"^c: .*shares storage bytes with a$"):
+        validate_gemv_input(replaced(data, 6, aliased))
+    with pytest.raises(NVFP4InputError, match=r"^c: .*shares storage bytes with a$"):
+        reference_gemv(replaced(data, 6, aliased))
+
+
+def test_c_with_memory_of_its_own_is_accepted(data):
+    fresh = torch.empty_like(data[6].permute(2, 0, 1)).permute(1, 2, 0)
+    assert validate_gemv_input(replaced(data, 6, fresh)) == Shape(256, 128, 2)
