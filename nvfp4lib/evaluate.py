@@ -1,16 +1,24 @@
 """A local leaderboard: check and time a one-file submission the way the leaderboard does.
 
-``python -m nvfp4lib.evaluate submission.py [--mode test|benchmark|both]``
+``python -m nvfp4lib.evaluate submission.py [--mode test|benchmark|both] [--timeout S] [--time-limit S]``
 
-The file is loaded as the leaderboard loads it: into a fresh module, with a stand-in ``task``
-module for ``from task import input_t, output_t``, and without nvfp4lib (the leaderboard machine
-does not have it, so an import of it from the file fails here too). Test mode runs the test
-shapes on the leaderboard's own data and on full-range data (nvfp4lib.problem.generate_input),
-with the output poisoned first so an element left unwritten shows up, and then feeds new inputs
-twice (the same tensors overwritten in place, then new tensors) so a result cached from an
-earlier call is caught. Every output is compared with nvfp4lib.reference at rtol = atol = 1e-3.
-Benchmark mode times the benchmark shapes one call at a time with the L2 flushed
-(bench.time_leaderboard), against this device's copy bandwidth and, on a B200, the speed of light.
+The submission runs in its own Python process, started fresh for each mode (as the leaderboard
+does), with a stand-in ``task`` module for ``from task import input_t, output_t`` and without
+nvfp4lib, which the leaderboard machine does not have. This process generates the inputs,
+computes the reference and judges every answer, so nothing the submission does in its process
+can change what it is compared with. Each call gets a copy of the inputs, as on the leaderboard;
+a call that changes them fails here. A call longer than `CALL_TIMEOUT_S` (--timeout) or an
+evaluation longer than `TIME_LIMIT_S` (--time-limit) kills the process and fails. Whatever the
+submission does (raise, exit, crash, hang, return the wrong kind of object) ends in a FAIL that
+names it. It is not a sandbox: see `python -m nvfp4lib.evaluate --help` for what is isolated.
+
+Test mode runs the test shapes on the leaderboard's own data and on full-range data
+(nvfp4lib.problem.generate_input), with the output poisoned first so an element left unwritten
+shows up, and then feeds new inputs twice (the tensors of the previous call overwritten in place,
+then new tensors) so a result cached from an earlier call is caught. Every output is compared with
+nvfp4lib.reference at rtol = atol = 1e-3. Benchmark mode times the benchmark shapes one call at a
+time with the L2 flushed (nvfp4lib.bench.time_leaderboard, run in the submission's process),
+against this device's copy bandwidth and, on a B200, the speed of light.
 
 Without CUDA, test mode runs `CPU_TEST_SHAPES` (the test shapes of at most 2^20 elements of A,
 so that a CPU run takes seconds) and timing is skipped.
@@ -24,9 +32,15 @@ import functools
 import importlib.util
 import itertools
 import json
+import math
+import numbers
+import os
+import select
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,20 +48,31 @@ from typing import Callable
 
 import torch
 
-from nvfp4lib.bench import Timing, copy_bandwidth_gbps, gbps, geomean, percent, text_table, time_leaderboard
+import nvfp4lib.bench
+from nvfp4lib.bench import Timing, copy_bandwidth_gbps, gbps, geomean, percent, text_table
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import (B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved,
                               generate_input)
 from nvfp4lib.reference import check, poison_
+from nvfp4lib.validate import NAMES
 
 PACKAGE = "nvfp4lib"
+PACKAGE_DIR = Path(__file__).resolve().parent
 DIRECTIVE = "#!POPCORN leaderboard nvfp4_gemv"
 MODES = ("test", "benchmark", "both")
 CPU_MAX_ELEMENTS = 1 << 20  # M * K * L of the test shapes run without CUDA
 CPU_TEST_SHAPES = [s for s in TEST_SHAPES if s.m * s.k * s.l <= CPU_MAX_ELEMENTS]
 CASES = ("leaderboard data", "full-range data", "same tensors, new values", "new tensors")
 RTOL = ATOL = 1e-3
+MAX_SEED = 2**32 - 1
+CALL_TIMEOUT_S = 120.0  # per call (the import counts as one): room for a first call that compiles kernels
+TIME_LIMIT_S = 900.0    # the whole evaluation
+_STOP_GRACE_S = 10.0    # a process asked to stop may run its exit handlers this long
+_MAX_ANSWER_BYTES = 1 << 20
 _DETAILED_FAILURES = 3  # failures printed in full at the end; the rest by their first line
+MISSING_PACKAGE = ("No module named {name!r}: the leaderboard machine does not have " + PACKAGE
+                   + "; export the submission with `python -m " + PACKAGE + ".submission`, which inlines the "
+                   "code it needs")
 
 _loaded = itertools.count()
 
@@ -56,8 +81,12 @@ class SubmissionError(RuntimeError):
     """The file cannot be loaded as a submission (the message says why)."""
 
 
+class SubmissionProcessEnded(RuntimeError):
+    """The submission's process is gone (it exited, crashed, hung or answered garbage); the message says how."""
+
+
 # ---------------------------------------------------------------------------------------------
-# Loading
+# The file
 
 
 TASK_SOURCE = '''"""Stand-in for the leaderboard's task module: the type aliases a submission imports."""
@@ -74,22 +103,24 @@ def task_module() -> types.ModuleType:
     return task
 
 
-def _without_package() -> dict:
-    """Builtins whose ``__import__`` refuses nvfp4lib: every import statement of the submission
-    (at import time and inside its functions) goes through it, even though the evaluator itself
-    has nvfp4lib loaded."""
-    real_import = builtins.__import__
-
-    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0 and (name == PACKAGE or name.startswith(PACKAGE + ".")):
-            raise ModuleNotFoundError(
-                f"No module named {name!r}: the leaderboard machine does not have {PACKAGE}; export the "
-                f"submission with `python -m {PACKAGE}.submission`, which inlines the code it needs", name=name)
-        return real_import(name, globals, locals, fromlist, level)
-
-    table = dict(vars(builtins))
-    table["__import__"] = guarded_import
-    return table
+def read_submission(path) -> str:
+    """The file's text, or a SubmissionError saying why it cannot be a submission."""
+    path = Path(path)
+    if not path.exists():
+        raise SubmissionError(f"{path}: no such file")
+    if not path.is_file():
+        raise SubmissionError(f"{path}: not a regular file")
+    if path.suffix != ".py":
+        raise SubmissionError(f"{path}: expected a Python file ending in .py")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise SubmissionError(f"{path}: cannot be read: {err.strerror or err}") from err
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise SubmissionError(f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+                              f"the leaderboard reads the file as UTF-8") from err
 
 
 def has_directive(source: str) -> bool:
@@ -102,11 +133,28 @@ def has_directive(source: str) -> bool:
     return False
 
 
+def _without_package() -> dict:
+    """Builtins whose ``__import__`` refuses nvfp4lib: every import statement of the submission
+    (at import time and inside its functions) goes through it, even though this process has
+    nvfp4lib loaded."""
+    real_import = builtins.__import__
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0 and name.partition(".")[0] == PACKAGE:
+            raise ModuleNotFoundError(MISSING_PACKAGE.format(name=name), name=name)
+        return real_import(name, globals, locals, fromlist, level)
+
+    table = dict(vars(builtins))
+    table["__import__"] = guarded_import
+    return table
+
+
 def load_submission(path) -> types.ModuleType:
-    """Import the file as a fresh module without access to nvfp4lib; it must define custom_kernel."""
+    """Import the file into this process as a fresh module whose import statements cannot reach
+    nvfp4lib; it must define custom_kernel. For notebooks and tests that want the module object:
+    `evaluate` does not use it, it runs the file in a process where nvfp4lib does not exist."""
+    read_submission(path)
     path = Path(path)
-    if not path.is_file():
-        raise SubmissionError(f"{path}: no such file")
     name = f"leaderboard_submission_{next(_loaded)}"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -123,48 +171,352 @@ def load_submission(path) -> types.ModuleType:
     return module
 
 
-# A fresh interpreter in which nvfp4lib cannot be imported (a finder ahead of all others refuses
-# it, whatever sys.path or an installed copy says), started in an empty folder so that no file
-# next to the submission can be imported either.
-_ISOLATED = '''
-import importlib.abc, importlib.util, json, sys, types
+# ---------------------------------------------------------------------------------------------
+# The submission's process
 
-class HidePackage(importlib.abc.MetaPathFinder):
+# Runs as `python -u -c _RUNNER REQUESTS_FD ANSWERS_FD CONFIG_FILE` in an empty folder. nvfp4lib is
+# out of reach there: its folder's parent is taken off sys.path, a finder ahead of all others
+# refuses the name (whatever an installed copy says), and an audit hook refuses to open any file
+# in the package folder (so loading its files by path fails too). The timing code is the source
+# of nvfp4lib/bench.py run as a private module before those guards go up. Requests and answers
+# are JSON lines; tensors travel as torch.save files in the evaluator's work folder.
+_RUNNER = r'''
+import atexit, dataclasses, importlib.abc, importlib.util, json, os, sys, types
+
+import torch
+
+requests, answers = os.fdopen(int(sys.argv[1]), "rb"), int(sys.argv[2])
+with open(sys.argv[3]) as file:
+    config = json.load(file)
+PACKAGE, PACKAGE_DIR, DEVICE = config["package"], config["package_dir"], torch.device(config["device"])
+
+timing = sys.modules["leaderboard_timing"] = types.ModuleType("leaderboard_timing")
+exec(compile(config["timing_source"], f"<{PACKAGE}/bench.py, the timing code>", "exec"), timing.__dict__)
+del sys.modules["leaderboard_timing"]
+
+
+class RefusePackage(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] == PACKAGE:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+            raise ModuleNotFoundError(config["missing"].format(name=name), name=name)
 
-PACKAGE, TASK_SOURCE, paths, expression = json.loads(sys.argv[1])
-sys.meta_path.insert(0, HidePackage())  # first, so that no installed copy is found
+
+def refuse_package_files(event, args):
+    if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
+        path = os.path.realpath(os.fsdecode(args[0]))
+        if path == PACKAGE_DIR or path.startswith(PACKAGE_DIR + os.sep):
+            raise PermissionError(f"{os.fsdecode(args[0])}: a submission cannot read {PACKAGE}'s files")
+
+
+sys.path[:] = [p for p in sys.path if os.path.realpath(p or os.curdir) != os.path.dirname(PACKAGE_DIR)]
+sys.path_importer_cache.clear()
+for name in [n for n in sys.modules if n.partition(".")[0] == PACKAGE]:
+    del sys.modules[name]
+sys.meta_path.insert(0, RefusePackage())
+sys.addaudithook(refuse_package_files)
 task = sys.modules["task"] = types.ModuleType("task")
-exec(TASK_SOURCE, task.__dict__)
-results = {}
-for i, path in enumerate(paths):
+exec(config["task_source"], task.__dict__)
+state = {}
+
+
+def send(answer):
+    data = (json.dumps(answer) + "\n").encode()
+    while data:
+        data = data[os.write(answers, data):]
+
+
+def describe(err):
     try:
-        spec = importlib.util.spec_from_file_location(f"submission_{i}", path)
-        submission = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(submission)
-        results[path] = [True, str(eval(expression, {"submission": submission}))]
-    except Exception as err:
-        results[path] = [False, f"{type(err).__name__}: {err}"]
-print(json.dumps(results))
+        if isinstance(err, SystemExit):
+            return f"called sys.exit({err.code!r})"[:2000]
+        text = str(err)
+        return (f"raised {type(err).__name__}" + (f": {text}" if text else ""))[:2000]
+    except BaseException:
+        return f"raised {type(err).__name__} (its message cannot be shown)"
+
+
+def load(request):
+    spec = importlib.util.spec_from_file_location("submission", request["path"])
+    module = sys.modules["submission"] = importlib.util.module_from_spec(spec)  # dataclasses, CuTe DSL
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop("submission", None)
+        raise
+    kernel = getattr(module, "custom_kernel", None)
+    state["kernel"] = kernel
+    answer = {"ok": True, "has_kernel": callable(kernel), "needs_cuda": bool(getattr(module, "NEEDS_CUDA", False))}
+    for key, name in (("submission_path", "SUBMISSION_PATH"), ("backend", "BACKEND")):
+        value = getattr(module, name, None)
+        answer[key] = None if value is None else str(value)
+    if request["expression"]:
+        answer["value"] = str(eval(request["expression"], {"submission": module}))
+    return answer
+
+
+def output_problem(out, c):
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, expected the tensor c"
+    if type(out) is not torch.Tensor:
+        return f"returned a {type(out).__name__} (a torch.Tensor subclass), expected a plain tensor like c"
+    if out.layout != torch.strided:
+        return f"returned a tensor with layout {out.layout}, expected torch.strided (dense, as c)"
+    if out.device != c.device:
+        return f"returned a tensor on {out.device}, expected {c.device} (as c)"
+    if out.dtype != c.dtype:
+        return f"returned dtype {out.dtype}, expected {c.dtype} (as c)"
+    if out.shape != c.shape:
+        return f"returned shape {tuple(out.shape)}, expected {tuple(c.shape)} (as c)"
+    return None
+
+
+def unchanged(before, after):
+    if type(after) is not torch.Tensor or (after.dtype, after.shape, after.device) != (before.dtype, before.shape,
+                                                                                       before.device):
+        return False
+    if before.element_size() == 1:  # bytes: every dtype (FP4 has no comparison) and NaN compare exactly
+        before, after = before.view(torch.uint8), after.view(torch.uint8)
+    return torch.equal(before, after)
+
+
+def call(request):
+    original = tuple(torch.load(request["inputs"], map_location=DEVICE, weights_only=True))
+    if request["reuse"]:  # the previous call's tensors (and tuple), new values
+        given = state["given"]
+        for dst, src in zip(given, original):
+            dst.copy_(src)
+    else:
+        given = state["given"] = tuple(t.clone() for t in original)
+    out = state["kernel"](given)
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+    problem = output_problem(out, original[-1])
+    changed = [name for name, before, after in zip(config["input_names"], original, given)
+               if not unchanged(before, after)]
+    if problem is None:
+        torch.save(out.detach().to("cpu", memory_format=torch.contiguous_format, copy=True), request["output"])
+    return {"ok": True, "problem": problem, "changed": changed}
+
+
+def time_calls(request):
+    kernel, given = state["kernel"], state["given"]
+    result = timing.time_leaderboard(lambda: kernel(given), warmup=request["warmup"], reps=request["reps"])
+    return {"ok": True, "timing": dataclasses.asdict(result)}
+
+
+HANDLERS = {"load": load, "call": call, "time": time_calls}
+send({"ok": True})  # ready: the time a request takes from here on is the submission's
+for line in requests:
+    request = json.loads(line)
+    if request["kind"] == "stop":
+        break
+    try:
+        answer = HANDLERS[request["kind"]](request)
+    except BaseException as err:  # whatever the submission does, the evaluator gets an answer
+        answer = {"ok": False, "error": describe(err)}
+    send(answer)
+atexit._run_exitfuncs()  # the submission's exit handlers, then out without tearing down torch (~0.5 s)
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
 '''
 
 
-def import_isolated(paths, expression: str = "submission.custom_kernel.__name__", timeout: int = 600):
-    """Import each file in one fresh interpreter where nvfp4lib does not exist, and evaluate
-    `expression` there with the module bound to `submission` -> {path: (ok, value or error)}.
+def _exit_status(info) -> str:
+    """os.waitid's result as words: 'exit code 0', 'killed by signal SIGSEGV'."""
+    if info.si_code == os.CLD_EXITED:
+        return f"exit code {info.si_status}"
+    try:
+        name = signal.Signals(info.si_status).name
+    except ValueError:
+        name = str(info.si_status)
+    return f"killed by signal {name}"
 
-    Stricter than `load_submission` (which blocks import statements only): nothing of nvfp4lib is
-    loaded at all, as on the leaderboard machine."""
+
+class SubmissionProcess:
+    """A fresh Python process that holds one submission and calls it when asked.
+
+    Every request has a time allowance (`timeout` per call, never past `deadline`, a
+    time.monotonic() value); a process that overruns it, ends, or answers garbage is killed
+    together with whatever it started, and the request raises SubmissionProcessEnded, whose
+    message (also kept in `ended`) says what happened. Use it as a context manager.
+    """
+
+    def __init__(self, device: torch.device, timeout: float, deadline: float, time_limit: float):
+        self.timeout, self.deadline, self.time_limit = timeout, deadline, time_limit
+        self.ended: str | None = None
+        self._ready = False
+        self._buffer = b""
+        self._work = tempfile.TemporaryDirectory(prefix="nvfp4lib-evaluate-")
+        self.folder = Path(self._work.name)
+        (self.folder / "cwd").mkdir()
+        config = self.folder / "config.json"
+        config.write_text(json.dumps({
+            "package": PACKAGE, "package_dir": os.path.realpath(PACKAGE_DIR), "device": str(device),
+            "missing": MISSING_PACKAGE, "task_source": TASK_SOURCE, "input_names": list(NAMES[:6]),
+            "timing_source": Path(nvfp4lib.bench.__file__).read_text()}))
+        request_end, self._requests = os.pipe()
+        self._answers, answer_end = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-u", "-c", _RUNNER, str(request_end), str(answer_end), str(config)],
+                pass_fds=(request_end, answer_end), cwd=self.folder / "cwd", stdin=subprocess.DEVNULL,
+                start_new_session=True)  # its own process group: killed as a whole
+        except BaseException:
+            for fd in (self._requests, self._answers):
+                os.close(fd)
+            self._work.cleanup()
+            raise
+        finally:
+            os.close(request_end)
+            os.close(answer_end)
+
+    def __enter__(self) -> SubmissionProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def load(self, path, expression: str | None = None) -> dict:
+        """Import the file -> {"ok", "error" or "has_kernel", "needs_cuda", "submission_path", "backend",
+        and "value": str(eval(expression)) with the module bound to `submission`}."""
+        return self._ask({"kind": "load", "path": str(Path(path).resolve()), "expression": expression},
+                         "importing it")
+
+    def call(self, data, reuse: bool = False) -> tuple[dict, torch.Tensor | None]:
+        """custom_kernel on a copy of `data` (or, with `reuse`, on the previous call's tensors given
+        `data`'s values) -> (answer, the float16 output on the CPU when it has the right kind)."""
+        inputs, output = self.folder / "inputs.pt", self.folder / "output.pt"
+        torch.save(tuple(data), inputs)
+        try:
+            answer = self._ask({"kind": "call", "inputs": str(inputs), "output": str(output), "reuse": reuse},
+                               "the call")
+        finally:
+            inputs.unlink(missing_ok=True)
+        if not answer["ok"] or answer.get("problem"):
+            return answer, None
+        try:
+            out = torch.load(output, map_location="cpu", weights_only=True)
+            output.unlink()
+            if type(out) is not torch.Tensor or out.dtype != torch.float16 or out.shape != data[6].shape:
+                raise ValueError(f"{type(out).__name__} instead of the output")
+        except Exception as err:  # noqa: BLE001 - any unreadable answer is the submission's doing
+            self._end(f"the call: its process sent back an unreadable output ({err})")
+        return answer, out
+
+    def time(self, warmup: int, reps: int) -> dict:
+        """time_leaderboard of custom_kernel on the last call's tensors -> {"ok", "error" or "timing"}."""
+        return self._ask({"kind": "time", "warmup": warmup, "reps": reps}, "the timed calls", calls=warmup + reps)
+
+    def _ask(self, request: dict, doing: str, calls: int = 1) -> dict:
+        if self.ended:
+            raise SubmissionProcessEnded(self.ended)
+        if not self._ready:  # Python and torch starting up: not the submission's time
+            self._answer("starting the process", self.deadline - time.monotonic(), self._overall_limit())
+            self._ready = True
+        left = self.deadline - time.monotonic()
+        allowance = min(self.timeout * calls, left)
+        limit = f"--timeout {self.timeout:g} s per call" if allowance < left else self._overall_limit()
+        try:
+            if allowance > 0:
+                os.write(self._requests, (json.dumps(request) + "\n").encode())
+        except OSError:
+            self._end(f"{doing} was not started: the process had ended ({self._wait_status(_STOP_GRACE_S)})")
+        return self._answer(doing, allowance, limit)
+
+    def _overall_limit(self) -> str:
+        return f"what was left of --time-limit {self.time_limit:g} s for the whole evaluation"
+
+    def _answer(self, doing: str, allowance: float, limit: str) -> dict:
+        """The next answer line, within `allowance` seconds (`limit` says where that came from)."""
+        if allowance <= 0:
+            self._end(f"{doing}: not started, the evaluation reached --time-limit {self.time_limit:g} s")
+        end = time.monotonic() + allowance
+        while b"\n" not in self._buffer:
+            wait = end - time.monotonic()
+            if wait <= 0 or not select.select([self._answers], [], [], wait)[0]:
+                self._end(f"{doing} did not finish within {allowance:.3g} s ({limit}); the process was killed")
+            chunk = os.read(self._answers, 1 << 16)
+            if not chunk:
+                self._end(f"{doing} ended the process ({self._wait_status(_STOP_GRACE_S)}) without an answer")
+            self._buffer += chunk
+            if len(self._buffer) > _MAX_ANSWER_BYTES:
+                self._end(f"{doing}: the process sent more than {_MAX_ANSWER_BYTES} bytes without an answer")
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            answer = json.loads(line)
+            if not isinstance(answer, dict) or not isinstance(answer.get("ok"), bool):
+                raise ValueError("not an answer")
+        except ValueError as err:
+            self._end(f"{doing}: the process sent an unreadable answer ({err})")
+        return answer
+
+    def _waitid(self):
+        """The process's exit, without reaping it (its id stays reserved for killpg), or None if it runs."""
+        return os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+
+    def _wait_status(self, wait_s: float) -> str:
+        end = time.monotonic() + wait_s
+        while (info := self._waitid()) is None:
+            if time.monotonic() > end:
+                return "it closed its answer pipe"
+            time.sleep(0.01)
+        return _exit_status(info)
+
+    def _kill(self) -> None:
+        if self._proc.returncode is None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc.wait()
+
+    def _end(self, message: str):
+        self._kill()
+        self.ended = message
+        raise SubmissionProcessEnded(message)
+
+    def close(self) -> None:
+        """Ask the process to stop (its exit handlers run, briefly), then kill it and what it started."""
+        if not self.ended and self._proc.returncode is None:
+            try:
+                os.write(self._requests, b'{"kind": "stop"}\n')
+                self._wait_status(min(self.timeout, _STOP_GRACE_S))
+            except OSError:
+                pass
+        self._kill()
+        for fd in (self._requests, self._answers):
+            os.close(fd)
+        self._work.cleanup()
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if capabilities().cuda else "cpu")
+
+
+def import_isolated(paths, expression: str = "submission.custom_kernel.__name__", timeout: float = TIME_LIMIT_S):
+    """Import each file in the kind of process `evaluate` runs submissions in (nvfp4lib out of
+    reach; one process for all the files while none ends it) and evaluate `expression` there with
+    the module bound to `submission` -> {path: (ok, value or error)}. `timeout` bounds the whole run."""
     paths = [str(Path(p).resolve()) for p in paths]
-    with tempfile.TemporaryDirectory() as empty:
-        proc = subprocess.run([sys.executable, "-c", _ISOLATED, json.dumps([PACKAGE, TASK_SOURCE, paths, expression])],
-                              capture_output=True, text=True, cwd=empty, timeout=timeout)
-    if proc.returncode != 0:
-        raise SubmissionError(f"the isolated interpreter failed: {proc.stderr.strip()[-2000:]}")
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {path: tuple(results[path]) for path in paths}
+    deadline = time.monotonic() + timeout
+    results, process = {}, None
+    try:
+        for path in paths:
+            try:
+                read_submission(path)
+                if process is None or process.ended:
+                    if process is not None:
+                        process.close()
+                    process = SubmissionProcess(_device(), timeout, deadline, timeout)
+                answer = process.load(path, expression)
+                results[path] = (True, answer["value"]) if answer["ok"] else (False, answer["error"])
+            except (SubmissionError, SubmissionProcessEnded) as err:
+                results[path] = (False, str(err))
+    finally:
+        if process is not None:
+            process.close()
+    return results
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,29 +539,27 @@ def _shape(shape: Shape) -> str:
     return "x".join(map(str, shape))
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def run_case(process: SubmissionProcess, data, shape: Shape, case: str, earlier=(), reuse: bool = False):
+    """One call on poisoned output, checked against the reference from `data` (which the submission
+    never sees: it gets a copy) -> (CaseResult, output copy or None).
 
-
-def run_case(kernel: Callable, data, shape: Shape, case: str, earlier=()):
-    """One call on poisoned output, checked against the reference -> (CaseResult, output copy).
-
-    `earlier` are outputs of earlier calls on other inputs: an output equal to one of them is
-    reported as stale (a result cached across calls)."""
-    device = data[0].device
+    `earlier` are correct outputs of earlier calls on other inputs: a wrong output equal to one
+    of them is reported as stale (a result cached across calls)."""
     poison_(data[6])
     try:
-        out = kernel(data)
-        _sync(device)
-    except Exception as err:  # noqa: BLE001 - reported as this case's failure
-        return CaseResult(shape, case, False, f"raised {type(err).__name__}: {err}"), None
-    if not isinstance(out, torch.Tensor):
-        return CaseResult(shape, case, False, f"returned {type(out).__name__}, expected the tensor c"), None
-    if out.dtype != torch.float16:
-        return CaseResult(shape, case, False, f"returned dtype {out.dtype}, expected torch.float16 (as c)"), None
+        answer, out = process.call(data, reuse)
+    except SubmissionProcessEnded as err:
+        return CaseResult(shape, case, False, str(err)), None
+    if not answer["ok"] or answer["problem"]:
+        return CaseResult(shape, case, False, answer.get("error") or answer["problem"]), None
     result = check(out, data, rtol=RTOL, atol=ATOL)
-    copy = out.detach().float()  # a new tensor (the dtype is float16 here)
+    copy = out.float()
+    changed = answer["changed"]
+    if changed:
+        why = (f"changed its input{'s' if len(changed) > 1 else ''} {', '.join(changed)} in place (inputs are "
+               f"read-only: the leaderboard hands the kernel a copy and checks against the original)"
+               + ("" if result.ok else "; the result is wrong too"))
+        return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
     if result.ok:
         return CaseResult(shape, case, True, result.message), copy
     n_nan = int(torch.isnan(copy).sum())
@@ -224,37 +574,23 @@ def run_case(kernel: Callable, data, shape: Shape, case: str, earlier=()):
     return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
 
 
-def _overwrite(data, fresh) -> None:
-    """New contents in the same tensors (as bytes, so any dtype copies exactly)."""
-    for dst, src in zip(data[:6], fresh[:6]):
-        dst.view(torch.uint8).copy_(src.view(torch.uint8))
-
-
-def run_tests(kernel: Callable, shapes, device, seed: int = 0, log: Callable[[str], None] | None = None):
-    """The four CASES per shape; returns their CaseResults."""
+def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Callable[[str], None] | None = None):
+    """The four CASES per shape; returns their CaseResults (stops where the process ends)."""
     results = []
     for i, shape in enumerate(shapes):
-        base = 1000 * seed + 10 * i
-
-        def data(offset: int, mode: str = "full"):
-            return generate_input(*shape, seed=base + offset, mode=mode, device=device)
-
-        full = data(1)
         earlier = []
-        for case in CASES:
-            if case == CASES[0]:
-                inputs = data(0, "leaderboard")
-            elif case == CASES[1]:
-                inputs = full
-            elif case == CASES[2]:
-                _overwrite(full, data(2))  # same tensors (and the same tuple), new values
-            else:
-                inputs = data(3)
-            result, output = run_case(kernel, inputs, shape, case, earlier)
-            earlier += [output] if output is not None else []
+        for offset, case in enumerate(CASES):
+            # full range, but unsigned scales: NVFP4's scales are UE4M3 (never negative in the
+            # leaderboard's data), and cuBLAS's FP4 GEMM reads them so
+            data = generate_input(*shape, seed=1000 * seed + 10 * i + offset, device=device,
+                                  mode="leaderboard" if case == CASES[0] else "full", negative_scales=False)
+            result, output = run_case(process, data, shape, case, earlier, reuse=case == CASES[2])
+            earlier += [output] if result.ok else []  # returned again for new inputs, it was cached
             results.append(result)
             if log:
                 log(result.line())
+            if process.ended:
+                return results
     return results
 
 
@@ -276,20 +612,29 @@ def is_b200() -> bool:
     return caps.cuda and "B200" in caps.name
 
 
-def run_benchmarks(kernel: Callable, shapes, device, copy_gbps: float, *, seed: int = 0, warmup: int = 10,
-                   reps: int = 100, log: Callable[[str], None] | None = None):
+def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float, *, seed: int = 0,
+                   warmup: int = 10, reps: int = 100, log: Callable[[str], None] | None = None):
     """Check each benchmark shape once, then time it -> (BenchResults, CaseResults)."""
     rows, checks = [], []
     b200 = is_b200()
     for i, shape in enumerate(shapes):
         data = generate_input(*shape, seed=1000 * seed + 500 + i, mode="leaderboard", device=device)
-        result, _ = run_case(kernel, data, shape, "benchmark data")
+        result, _ = run_case(process, data, shape, "benchmark data")
+        if result.ok:
+            try:
+                answer = process.time(warmup, reps)
+            except SubmissionProcessEnded as err:
+                answer = {"ok": False, "error": str(err)}
+            if not answer["ok"]:
+                result = CaseResult(shape, "timed calls", False, answer["error"])
         checks.append(result)
         if log:
             log(result.line())
+        if process.ended:
+            break
         if not result.ok:
             continue
-        timing = time_leaderboard(lambda: kernel(data), warmup=warmup, reps=reps)
+        timing = Timing(**answer["timing"])
         bw = gbps(bytes_moved(shape), timing.median_us)
         sol = B200_SPEED_OF_LIGHT_US.get(shape)
         rows.append(BenchResult(shape, timing, bw, percent(bw, copy_gbps),
@@ -362,86 +707,176 @@ class Report:
         return f"PASSED: {sum(c.ok for c in self.cases)} checks{timed}"
 
 
+def check_integer(name: str, value, low: int, high: int | None = None) -> int:
+    """`value` if it is an integer from `low` to `high`, else a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
+            low <= value and (high is None or value <= high)):
+        expected = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: expected an integer {expected}, got {value!r}")
+    return int(value)
+
+
+def check_seconds(name: str, value) -> float:
+    """`value` if it is a positive, finite number of seconds, else a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"{name}: expected a positive number of seconds, got {value!r}")
+    return float(value)
+
+
+def _load(process: SubmissionProcess, path, report: Report, cuda: bool, say: Callable[[str], None]) -> bool:
+    """Import the file in `process`; False (with the failure or the skip in `report`) if no call can follow."""
+    try:
+        answer = process.load(path)
+    except SubmissionProcessEnded as err:
+        report.failures.append(f"{path}: {err}")
+        return False
+    if not answer["ok"]:
+        report.failures.append(f"{path}: importing it {answer['error']}")
+        return False
+    if not answer["has_kernel"]:
+        report.failures.append(f"{path}: defines no function custom_kernel(data)")
+        return False
+    report.submission_path = answer["submission_path"]
+    if answer["backend"] and report.backend is None:
+        report.backend = answer["backend"]
+        say(f"backend: {report.backend}")
+    if answer["needs_cuda"] and not cuda:
+        report.skipped = (f"{report.submission_path or Path(path).name} needs a CUDA GPU: the file imports "
+                          f"here, but no check can run without one")
+        return False
+    return True
+
+
 def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes: bool = False,
-             warmup: int = 10, reps: int = 100, isolated: bool = False,
+             warmup: int = 10, reps: int = 100, timeout: float = CALL_TIMEOUT_S, time_limit: float = TIME_LIMIT_S,
              log: Callable[[str], None] | None = None) -> Report:
     """Run the local leaderboard on one file; `log` (e.g. print) sees each line as it happens.
 
     `shapes` overrides the test shapes; without CUDA the default is CPU_TEST_SHAPES unless
-    `all_shapes`. `isolated` first imports the file in a fresh interpreter without nvfp4lib
-    (`import_isolated`, a few seconds). Nothing raises for a bad submission: problems end up in
-    `Report.failures`.
+    `all_shapes`. `timeout` bounds each call of the submission (its import counts as one) and
+    `time_limit` the whole evaluation, in seconds. Nothing raises for a bad submission: problems
+    end up in `Report.failures` (bad arguments raise ValueError).
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    seed, warmup = check_integer("seed", seed, 0, MAX_SEED), check_integer("warmup", warmup, 0)
+    reps = check_integer("reps", reps, 1)
+    timeout, time_limit = check_seconds("timeout", timeout), check_seconds("time_limit", time_limit)
+    deadline = time.monotonic() + time_limit
     say = log or (lambda line: None)
     caps = capabilities()
     device = torch.device("cuda" if caps.cuda else "cpu")
     report = Report(Path(path), mode, caps.summary())
     say(f"local leaderboard: {path} ({mode}) on {caps.summary()}")
     try:
-        source = Path(path).read_text()
-        if not has_directive(source):
-            report.failures.append(f"{path}: the leading comment lines lack the directive line {DIRECTIVE!r}")
-        if isolated:
-            ok, message = import_isolated([path])[str(Path(path).resolve())]
-            if not ok:
-                raise SubmissionError(f"{path}: importing it where nvfp4lib does not exist failed: {message}")
-            say("imports in a fresh interpreter without nvfp4lib: ok")
-        module = load_submission(path)
-    except (OSError, SubmissionError) as err:
+        source = read_submission(path)
+    except SubmissionError as err:
         report.failures.append(str(err))
         say(report.summary())
         return report
-    report.submission_path = getattr(module, "SUBMISSION_PATH", None)
-    report.backend = getattr(module, "BACKEND", None)
-    if report.backend:
-        say(f"backend: {report.backend}")
-    if getattr(module, "NEEDS_CUDA", False) and not caps.cuda:
-        report.skipped = (f"{report.submission_path or Path(path).name} needs a CUDA GPU: the file imports "
-                          f"here, but no check can run without one")
-        say(report.summary())
-        return report
-    kernel = module.custom_kernel
+    if not has_directive(source):
+        report.failures.append(f"{path}: the leading comment lines lack the directive line {DIRECTIVE!r}")
 
-    if mode in ("test", "both"):
-        if shapes is None:
-            shapes = TEST_SHAPES if caps.cuda or all_shapes else CPU_TEST_SHAPES
-        if not caps.cuda and not all_shapes and list(shapes) == CPU_TEST_SHAPES:
-            report.notes.append(f"no CUDA: test shapes limited to M*K*L <= {CPU_MAX_ELEMENTS} "
-                                f"({len(CPU_TEST_SHAPES)} of {len(TEST_SHAPES)})")
-            say(report.notes[-1])
-        report.cases += run_tests(kernel, shapes, device, seed, log)
-    if mode in ("benchmark", "both"):
-        if not caps.cuda:
-            report.notes.append("timing needs a CUDA GPU: benchmark skipped")
-            say(report.notes[-1])
-        else:
-            report.copy_gbps = _copy_bandwidth_gbps()
-            say(f"device copy bandwidth: {report.copy_gbps:.0f} GB/s (read + write)")
-            rows, checks = run_benchmarks(kernel, BENCHMARK_SHAPES, device, report.copy_gbps, seed=seed,
-                                          warmup=warmup, reps=reps, log=log)
-            report.bench, report.cases = rows, report.cases + checks
-            if rows:
-                say(format_bench_table(rows))
+    phases = [phase for phase in ("test", "benchmark") if mode in (phase, "both")]
+    if "benchmark" in phases and not caps.cuda:
+        report.notes.append("timing needs a CUDA GPU: benchmark skipped")
+        say(report.notes[-1])
+        phases = phases[:-1] or ["import"]  # benchmark mode alone still checks that the file imports
+    for phase in phases:  # a fresh process per mode, as on the leaderboard
+        with SubmissionProcess(device, timeout, deadline, time_limit) as process:
+            if not _load(process, path, report, caps.cuda, say):
+                break
+            if phase == "test":
+                if shapes is None:
+                    shapes = TEST_SHAPES if caps.cuda or all_shapes else CPU_TEST_SHAPES
+                if not caps.cuda and not all_shapes and list(shapes) == CPU_TEST_SHAPES:
+                    report.notes.append(f"no CUDA: test shapes limited to M*K*L <= {CPU_MAX_ELEMENTS} "
+                                        f"({len(CPU_TEST_SHAPES)} of {len(TEST_SHAPES)})")
+                    say(report.notes[-1])
+                report.cases += run_tests(process, shapes, device, seed, log)
+            elif phase == "benchmark":
+                report.copy_gbps = _copy_bandwidth_gbps()
+                say(f"device copy bandwidth: {report.copy_gbps:.0f} GB/s (read + write)")
+                rows, checks = run_benchmarks(process, BENCHMARK_SHAPES, device, report.copy_gbps, seed=seed,
+                                              warmup=warmup, reps=reps, log=log)
+                report.bench, report.cases = rows, report.cases + checks
+                if rows:
+                    say(format_bench_table(rows))
+            if process.ended:
+                break
     report.failures += [f"{_shape(c.shape)}, {c.case}: {c.message}" for c in report.cases if not c.ok]
     say(report.summary())
     return report
 
 
+# ---------------------------------------------------------------------------------------------
+# The command line
+
+_ISOLATION = f"""\
+What is isolated: the file runs in its own Python process (a fresh one per mode, in an empty
+working folder) where {PACKAGE} cannot be imported (by any import route) or read (opening a file
+in the package folder is refused); this process makes the inputs, hands the kernel a copy of
+them, and checks the output against the untouched original. Every way a submission can fail
+ends in a FAIL line and exit code 1: an exception, sys.exit or os._exit at import or in a call, a
+crash or signal, a call longer than --timeout (the process is then killed), an evaluation longer
+than --time-limit, an output of the wrong type, subclass, layout, device, dtype or shape, wrong or
+unwritten or stale values, and a changed input (a, b, sfa, sfb, sfa_permuted, sfb_permuted are
+read-only: the leaderboard would only check against an untouched copy, so a kernel that writes
+to them might pass there, but it relies on that copy, and fails here). A file that is missing,
+unreadable, not UTF-8 or not a .py file fails without running.
+
+What is NOT isolated: this is not a sandbox. The submission can read and write other files,
+use the network, and start other processes (which can import {PACKAGE}); it runs with your
+permissions. Evaluate only code you would run yourself.
+
+Exit code: 0 for PASSED (or SKIPPED: a file that needs a CUDA GPU, on a machine without one),
+1 for FAILED, 2 for bad arguments, 130 when interrupted."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        """Bad arguments end in one FAILED line (after the usage) and exit code 2."""
+        self.print_usage(sys.stderr)
+        self.exit(2, f"FAILED: {message}\n")
+
+
+def _cli(check, convert=float):
+    """An argparse type from a checker that raises ValueError with the message to show."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = text
+        try:
+            return check(value)
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(str(err).partition(": ")[2]) from err
+    return parse
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {PACKAGE}.evaluate",
-                                     description="Check (and on a GPU, time) a one-file leaderboard submission.")
+    parser = _Parser(prog=f"python -m {PACKAGE}.evaluate", epilog=_ISOLATION,
+                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description="Check (and on a GPU, time) a one-file leaderboard submission.")
     parser.add_argument("file", help="the submission file, e.g. submission.py")
     parser.add_argument("--mode", choices=MODES, default="both", help="test, benchmark or both (default)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs")
-    parser.add_argument("--reps", type=int, default=100, help="timed calls per benchmark shape")
+    parser.add_argument("--seed", type=_cli(lambda v: check_integer("seed", v, 0, MAX_SEED), int), default=0,
+                        help=f"seed of the generated inputs, 0 to {MAX_SEED} (default 0)")
+    parser.add_argument("--reps", type=_cli(lambda v: check_integer("reps", v, 1), int), default=100,
+                        help="timed calls per benchmark shape")
     parser.add_argument("--all-shapes", action="store_true", help="all test shapes even without CUDA (slow)")
-    parser.add_argument("--no-isolated-import", dest="isolated", action="store_false",
-                        help="skip the import in a fresh interpreter without nvfp4lib (saves a few seconds)")
+    parser.add_argument("--timeout", type=_cli(lambda v: check_seconds("timeout", v)), default=CALL_TIMEOUT_S,
+                        metavar="SECONDS", help=f"limit per call of the submission, its import counting as one; "
+                                            f"the process is killed on expiry (default {CALL_TIMEOUT_S:g})")
+    parser.add_argument("--time-limit", type=_cli(lambda v: check_seconds("time_limit", v)), default=TIME_LIMIT_S,
+                        metavar="SECONDS", help=f"limit for the whole evaluation (default {TIME_LIMIT_S:g})")
     args = parser.parse_args(argv)
-    report = evaluate(args.file, args.mode, seed=args.seed, all_shapes=args.all_shapes, reps=args.reps,
-                      isolated=args.isolated, log=print)
+    try:
+        report = evaluate(args.file, args.mode, seed=args.seed, all_shapes=args.all_shapes, reps=args.reps,
+                          timeout=args.timeout, time_limit=args.time_limit, log=print)
+    except KeyboardInterrupt:
+        print("FAILED: interrupted")
+        return 130
     return 0 if report.ok else 1
 
 

@@ -2,18 +2,24 @@
 
 Each deliberately wrong submission below is a small pure-PyTorch file with one bug; the evaluator
 must fail it with a message that names the problem. A correct file of the same shape must pass.
+Hostile files (exits, crashes, hangs, odd outputs, changed inputs, ways to reach nvfp4lib) must end
+in a FAIL that names the cause, never in a traceback, a hang or a pass.
 """
 
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from nvfp4lib.bench import Timing
-from nvfp4lib.evaluate import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, DIRECTIVE, BenchResult, SubmissionError,
-                               evaluate, format_bench_table, has_directive, load_submission, main)
+from nvfp4lib.evaluate import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, DIRECTIVE, MAX_SEED, PACKAGE_DIR,
+                               BenchResult, SubmissionError, SubmissionProcess, evaluate, format_bench_table,
+                               has_directive, import_isolated, load_submission, main, run_benchmarks,
+                               run_tests)
 from nvfp4lib.problem import TEST_SHAPES, Shape
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
@@ -86,10 +92,82 @@ KERNELS = {
         def custom_kernel(data: input_t) -> output_t:
             return gemv(data).float()
     ''',
-    "imports_nvfp4lib_in_the_call": '''
+    "import_module_in_the_call": '''
+        import importlib
+
         def custom_kernel(data: input_t) -> output_t:
-            from nvfp4lib.scaled_mm import gemv_scaled_mm_permuted
-            return gemv_scaled_mm_permuted(data)
+            reference = importlib.import_module("nvfp4lib.reference")
+            return data[6].copy_(reference.reference_gemv(data))
+    ''',
+    "zeroes_sfa": '''
+        def custom_kernel(data: input_t) -> output_t:
+            data[2].view(torch.uint8).zero_()  # every A scale 0: the product is 0 ...
+            return data[6].zero_()             # ... so zeros match a reference taken from these inputs
+    ''',
+    "correct_but_writes_inputs": '''
+        def custom_kernel(data: input_t) -> output_t:
+            out = gemv(data)
+            data[0].view(torch.uint8).zero_()
+            data[5].view(torch.uint8).zero_()
+            return out
+    ''',
+    "exits_in_the_call": '''
+        import sys
+
+        def custom_kernel(data: input_t) -> output_t:
+            sys.exit(0)
+    ''',
+    "os_exit_in_the_call": '''
+        import os
+
+        def custom_kernel(data: input_t) -> output_t:
+            os._exit(0)
+    ''',
+    "segfaults": '''
+        import os
+        import signal
+
+        def custom_kernel(data: input_t) -> output_t:
+            os.kill(os.getpid(), signal.SIGSEGV)
+    ''',
+    "exits_at_import": '''
+        import sys
+
+        sys.exit(0)
+
+        def custom_kernel(data: input_t) -> output_t:
+            return gemv(data)
+    ''',
+    "sleeps_at_import": '''
+        import time
+
+        time.sleep(3600)
+
+        def custom_kernel(data: input_t) -> output_t:
+            return gemv(data)
+    ''',
+    "prints_at_exit": '''
+        import atexit
+
+        atexit.register(print, "printed by an exit handler")
+
+        def custom_kernel(data: input_t) -> output_t:
+            return gemv(data)
+    ''',
+    "wrong_kind_of_output": '''
+        class Marked(torch.Tensor):
+            pass
+
+        WRONG = [lambda c: torch.empty_like(c, device="meta"), lambda c: c.to_sparse(),
+                 lambda c: c.as_subclass(Marked), lambda c: c.tolist()]
+        CALLS = []
+
+        def custom_kernel(data: input_t) -> output_t:
+            CALLS.append(len(CALLS))
+            c = gemv(data)
+            if len(CALLS) <= len(WRONG):
+                return WRONG[len(CALLS) - 1](c)
+            return torch.zeros(1, dtype=torch.float16)  # the same wrong-shaped tensor on every later call
     ''',
 }
 
@@ -105,16 +183,24 @@ def folder(tmp_path_factory):
     return tmp_path_factory.mktemp("wrong_submissions")
 
 
-def _run(folder, name: str, **kwargs):
-    return evaluate(_write(folder, name, KERNELS[name]), "test", shapes=SHAPES, **kwargs)
+@pytest.fixture(scope="module")
+def reports():
+    """{name: Report of KERNELS[name] in test mode on SHAPES}, each evaluated once for all tests."""
+    return {}
+
+
+def _run(folder, reports, name: str):
+    if name not in reports:
+        reports[name] = evaluate(_write(folder, name, KERNELS[name]), "test", shapes=SHAPES)
+    return reports[name]
 
 
 def _case(report, shape: Shape, case: str):
     return next(c for c in report.cases if c.shape == shape and c.case == case)
 
 
-def test_correct_submission_passes(folder):
-    report = _run(folder, "correct")
+def test_correct_submission_passes(folder, reports):
+    report = _run(folder, reports, "correct")
     assert report.ok, report.summary()
     assert len(report.cases) == len(SHAPES) * len(CASES)
     assert report.summary().startswith("PASSED")
@@ -124,28 +210,28 @@ def test_correct_submission_passes(folder):
     ("swapped_nibbles", "wrong result"),
     ("unwritten_rows", "unwritten output: "),
     ("float32_output", "returned dtype torch.float32, expected torch.float16"),
-    ("imports_nvfp4lib_in_the_call", "raised ModuleNotFoundError: No module named 'nvfp4lib.scaled_mm': the "
-                                     "leaderboard machine does not have nvfp4lib"),
+    ("import_module_in_the_call", "raised ModuleNotFoundError: No module named 'nvfp4lib': the leaderboard "
+                                  "machine does not have nvfp4lib"),
 ])
-def test_wrong_submission_fails_on_every_case(folder, name, message):
-    report = _run(folder, name)
+def test_wrong_submission_fails_on_every_case(folder, reports, name, message):
+    report = _run(folder, reports, name)
     assert not report.ok
     assert not any(c.ok for c in report.cases)
     assert all(message in failure for failure in report.failures), report.failures[0]
     assert report.summary().startswith(f"FAILED: {len(report.cases)} problem(s)")
 
 
-def test_unwritten_elements_are_counted_and_located(folder):
-    report = _run(folder, "unwritten_rows")
+def test_unwritten_elements_are_counted_and_located(folder, reports):
+    report = _run(folder, reports, "unwritten_rows")
     small, batched = (_case(report, shape, CASES[0]).message for shape in SHAPES)
     assert small.startswith("unwritten output: 1 of 128 elements still hold the NaN that c was filled with")
     assert "(m=127, l=0): got NaN (unwritten?)" in small
     assert batched.startswith("unwritten output: 2 of 512 elements")
 
 
-def test_ignored_sign_passes_leaderboard_data_but_not_full_range(folder):
+def test_ignored_sign_passes_leaderboard_data_but_not_full_range(folder, reports):
     """The leaderboard's own data has no negative values: only full-range data exposes the bug."""
-    report = _run(folder, "ignored_sign")
+    report = _run(folder, reports, "ignored_sign")
     for shape in SHAPES:
         assert _case(report, shape, "leaderboard data").ok
         failed = _case(report, shape, "full-range data")
@@ -153,20 +239,160 @@ def test_ignored_sign_passes_leaderboard_data_but_not_full_range(folder):
         assert "elements mismatch (rtol=0.001, atol=0.001)" in failed.message
 
 
-def test_result_cached_by_shape_is_stale(folder):
-    report = _run(folder, "cached_by_shape")
+def test_result_cached_by_shape_is_stale(folder, reports):
+    report = _run(folder, reports, "cached_by_shape")
     for shape in SHAPES:
         assert _case(report, shape, "leaderboard data").ok
         for case in CASES[1:]:
             assert _case(report, shape, case).message.startswith("stale result: the output is an earlier call's")
 
 
-def test_result_cached_by_input_identity_is_stale(folder):
+def test_result_cached_by_input_identity_is_stale(folder, reports):
     """Same tuple, same tensors, new values: only an in-place change catches this cache."""
-    report = _run(folder, "cached_by_identity")
+    report = _run(folder, reports, "cached_by_identity")
     for shape in SHAPES:
         assert all(_case(report, shape, case).ok for case in CASES if case != CASES[2])
         assert _case(report, shape, CASES[2]).message.startswith("stale result")
+
+
+def test_a_repeated_wrong_output_is_wrong_not_stale():
+    """Only an earlier correct output, returned again for new inputs, is a cached result."""
+    class ZerosProcess:  # stands in for the submission's process: every call answers zeros
+        ended = None
+
+        def call(self, data, reuse=False):
+            return {"ok": True, "problem": None, "changed": []}, torch.zeros(data[6].shape, dtype=torch.float16)
+
+    results = run_tests(ZerosProcess(), SHAPES[:1], torch.device("cpu"))
+    assert [r.message.splitlines()[0] for r in results] == ["wrong result"] * len(CASES)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile submissions: one FAIL naming the cause, never a traceback, a hang or a pass
+
+
+def test_changed_inputs_cannot_fool_the_check(folder, reports):
+    """The reference comes from an untouched copy: zeroing sfa and returning zeros is wrong, and says why."""
+    report = _run(folder, reports, "zeroes_sfa")
+    assert report.cases and not any(c.ok for c in report.cases)
+    for case in report.cases:
+        first, rest = case.message.split("\n", 1)
+        assert first.startswith("changed its input sfa in place (inputs are read-only") and "wrong too" in first
+        assert "elements mismatch" in rest
+
+
+def test_changed_inputs_fail_even_when_the_result_is_right(folder, reports):
+    report = _run(folder, reports, "correct_but_writes_inputs")
+    assert report.cases and not any(c.ok for c in report.cases)
+    for case in report.cases:
+        first, rest = case.message.split("\n", 1)
+        assert first.startswith("changed its inputs a, sfb_permuted in place") and "wrong" not in first
+        assert rest.startswith("ok: ")
+
+
+def test_every_wrong_kind_of_output_is_named(folder, reports):
+    """meta, sparse, a subclass, a list, then a wrong shape on every call (not reported as stale)."""
+    report = _run(folder, reports, "wrong_kind_of_output")
+    expected = ["returned a tensor on meta, expected cpu (as c)",
+                "returned a tensor with layout torch.sparse_coo, expected torch.strided (dense, as c)",
+                "returned a Marked (a torch.Tensor subclass), expected a plain tensor like c",
+                "returned list, expected the tensor c"]
+    expected += [f"returned shape (1,), expected {(SHAPES[1].m, 1, SHAPES[1].l)} (as c)"] * 4
+    assert [c.message for c in report.cases] == expected
+    assert not any("stale" in failure for failure in report.failures)
+
+
+def test_crash_in_a_call_fails_once(folder, reports):
+    report = _run(folder, reports, "segfaults")
+    assert len(report.cases) == 1, "no call can follow the end of the process"
+    assert report.failures == [f"128x256x1, {CASES[0]}: the call ended the process (killed by signal SIGSEGV) "
+                               f"without an answer"]
+
+
+def test_exit_at_import_is_a_failure(folder, reports):
+    report = _run(folder, reports, "exits_at_import")
+    assert not report.cases and report.failures == [f"{folder / 'exits_at_import.py'}: importing it called sys.exit(0)"]
+
+
+def _running(pid: int) -> bool:
+    """Whether a process exists and is not a zombie (killed, waiting to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
+def test_hanging_call_is_killed_with_what_it_started(tmp_path):
+    pids = tmp_path / "pids"
+    kernel = f'''
+        import os
+        import subprocess
+
+        def custom_kernel(data: input_t) -> output_t:
+            helper = subprocess.Popen(["sleep", "600"])
+            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{helper.pid}}")
+            while True:
+                pass
+    '''
+    report = evaluate(_write(tmp_path, "hangs", kernel), "test", shapes=SHAPES, timeout=1)
+    assert len(report.cases) == 1
+    assert report.cases[0].message == ("the call did not finish within 1 s (--timeout 1 s per call); "
+                                       "the process was killed")
+    assert not any(_running(int(pid)) for pid in pids.read_text().split())
+
+
+def test_time_limit_bounds_the_whole_evaluation(folder):
+    """An import that never ends, under a generous per-call timeout: the overall limit ends it (while
+    the process starts, or during the import, depending on how busy this machine is)."""
+    path = _write(folder, "sleeps_at_import", KERNELS["sleeps_at_import"])
+    report = evaluate(path, "test", shapes=SHAPES, timeout=600, time_limit=3)
+    assert not report.cases and len(report.failures) == 1
+    assert report.failures[0].startswith(f"{path}: ")
+    assert report.failures[0].endswith("(what was left of --time-limit 3 s for the whole evaluation); "
+                                       "the process was killed")
+
+
+# Every route to nvfp4lib that a submission might take, tried in the process submissions run in.
+ROUTES = {
+    "import_module": ("importlib.import_module('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
+    "find_spec": ("importlib.util.find_spec('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
+    "dunder_import": ("__import__('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
+    "import_statement": ("from nvfp4lib.reference import reference_gemv", "No module named 'nvfp4lib'"),
+    "exec_of_an_import": ("exec('import nvfp4lib.reference')", "No module named 'nvfp4lib'"),
+    "sys_modules": ("return sys.modules['nvfp4lib.reference']", "raised KeyError: 'nvfp4lib.reference'"),
+    "spec_from_file_location": (
+        "spec = importlib.util.spec_from_file_location('v', os.path.join(PACKAGE_DIR, 'validate.py'))\n"
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))", "cannot read nvfp4lib's files"),
+    "run_path": ("runpy.run_path(os.path.join(PACKAGE_DIR, 'validate.py'))", "cannot read nvfp4lib's files"),
+    "read_and_exec": ("exec(open(os.path.join(PACKAGE_DIR, 'validate.py')).read(), {})",
+                      "cannot read nvfp4lib's files"),
+    "finder_removed_and_path_restored": (
+        "finders = sys.meta_path[:]\n"
+        "sys.meta_path[:] = [f for f in finders if type(f).__name__ != 'RefusePackage']\n"
+        "sys.path.insert(0, os.path.dirname(PACKAGE_DIR))\n"
+        "try:\n    import nvfp4lib.validate\nfinally:\n    sys.meta_path[:] = finders\n    sys.path.pop(0)",
+        "cannot read nvfp4lib's files"),
+    "symlinked_folder": (
+        "os.symlink(PACKAGE_DIR, 'alias')\nsys.path.insert(0, os.getcwd())\n"
+        "try:\n    importlib.import_module('alias.validate')\nfinally:\n    sys.path.pop(0)",
+        "cannot read nvfp4lib's files"),
+}
+
+
+def test_no_route_reaches_nvfp4lib(tmp_path):
+    """Imports of any kind (at call time here: `reach` runs after the import), the module table, and
+    loading or reading the package's files by path."""
+    files = {}
+    for name, (route, _) in ROUTES.items():
+        body = textwrap.indent(route, "    ")
+        files[name] = tmp_path / f"{name}.py"
+        files[name].write_text(f"import importlib, importlib.util, os, runpy, sys\n"
+                               f"PACKAGE_DIR = {str(PACKAGE_DIR)!r}\n\n\ndef reach():\n{body}\n    return 'reached'\n")
+    results = import_isolated(files.values(), "submission.reach()")
+    for name, (_, message) in ROUTES.items():
+        ok, value = results[str(files[name].resolve())]
+        assert not ok and message in value, f"{name}: {value}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,19 +404,31 @@ def test_import_of_nvfp4lib_at_load_time_is_refused(tmp_path):
     with pytest.raises(SubmissionError, match="No module named 'nvfp4lib.reference': the leaderboard machine"):
         load_submission(path)
     report = evaluate(path, "test", shapes=SHAPES)
-    assert not report.ok and "importing it failed: ModuleNotFoundError" in report.failures[0]
-
-
-def test_isolated_import_catches_what_the_import_guard_cannot(tmp_path):
-    """importlib.import_module bypasses import statements; in a fresh interpreter there is no nvfp4lib."""
-    kernel = ("import importlib\nreference = importlib.import_module('nvfp4lib.reference')\n"
-              "custom_kernel = reference.reference_gemv")
-    path = _write(tmp_path, "import_module", kernel)
-    assert load_submission(path).custom_kernel.__name__ == "reference_gemv"
-    report = evaluate(path, "test", shapes=SHAPES, isolated=True)
     assert not report.ok and not report.cases
-    assert ("importing it where nvfp4lib does not exist failed: ModuleNotFoundError: No module named "
-            "'nvfp4lib'") in report.failures[0]
+    assert report.failures == [f"{path}: importing it raised ModuleNotFoundError: No module named 'nvfp4lib': the "
+                               f"leaderboard machine does not have nvfp4lib; export the submission with "
+                               f"`python -m nvfp4lib.submission`, which inlines the code it needs"]
+
+
+LATIN1 = DIRECTIVE.encode() + "\n# café\n".encode("latin-1")
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("latin1.py", LATIN1, f"not UTF-8 text (byte 0xe9 at offset {LATIN1.index(0xe9)}); the leaderboard reads the "
+                          f"file as UTF-8"),
+    ("notes.txt", PROLOGUE.encode(), "expected a Python file ending in .py"),
+])
+def test_file_that_is_no_python_source_fails_without_running(tmp_path, name, content, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    report = evaluate(path, "test")
+    assert report.failures == [f"{path}: {message}"] and not report.cases
+    with pytest.raises(SubmissionError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_submission(path)
+
+
+def test_folder_is_not_a_submission(tmp_path):
+    assert evaluate(tmp_path, "test").failures == [f"{tmp_path}: not a regular file"]
 
 
 def test_file_without_custom_kernel_is_refused(tmp_path):
@@ -240,6 +478,30 @@ def test_without_cuda_timing_is_skipped_with_a_note(folder):
     assert report.notes == ["timing needs a CUDA GPU: benchmark skipped"]
 
 
+def test_timed_calls_run_in_the_submission_process(folder):
+    """The benchmark path, on the CPU's wall clock: a check, then time_leaderboard where the kernel lives;
+    a kernel that raises only while timed fails there. One process holds both files in turn."""
+    failing = '''
+        CALLS = []
+
+        def custom_kernel(data: input_t) -> output_t:
+            CALLS.append(None)
+            if len(CALLS) > 1:
+                raise RuntimeError("only the first call works")
+            return gemv(data)
+    '''
+    cpu = torch.device("cpu")
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(folder, "correct", KERNELS["correct"]))["ok"]
+        rows, checks = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, warmup=1, reps=3)
+        assert all(c.ok for c in checks) and [r.shape for r in rows] == SHAPES
+        assert all(r.timing.mode == "wall" and r.timing.n == 3 and r.bandwidth_gbps > 0 for r in rows)
+        assert process.load(_write(folder, "fails_when_timed", failing))["ok"]
+        rows, checks = run_benchmarks(process, SHAPES[:1], cpu, copy_gbps=100.0, warmup=1, reps=3)
+    assert not rows and [(c.case, c.message) for c in checks] == [
+        ("timed calls", "raised RuntimeError: only the first call works")]
+
+
 def test_bench_table_has_every_column_and_the_geomean():
     def row(shape, us, sol):
         timing = Timing("leaderboard", us, us, us, 5, host_us=6.0)
@@ -252,15 +514,48 @@ def test_bench_table_has_every_column_and_the_geomean():
     assert "% B200 SOL" not in format_bench_table([row((7168, 16384, 1), 20.0, None)])
 
 
-def test_cli_exit_codes(folder, capsys):
-    good = _write(folder, "correct", KERNELS["correct"])
-    assert main([str(good), "--mode", "test", "--no-isolated-import"]) == 0
-    assert "PASSED" in capsys.readouterr().out
-    bad = _write(folder, "ignored_sign", KERNELS["ignored_sign"])
-    proc = subprocess.run([sys.executable, "-m", "nvfp4lib.evaluate", str(bad), "--mode", "test",
-                           "--no-isolated-import"], capture_output=True, text=True, timeout=300)
+def test_cli_passes_a_correct_file_that_prints_at_exit(folder, capsys):
+    assert main([str(_write(folder, "prints_at_exit", KERNELS["prints_at_exit"])), "--mode", "test"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"PASSED: {4 * len(CPU_TEST_SHAPES)} checks"
+
+
+def test_cli_exit_code_after_sys_exit_in_the_call(folder, capsys):
+    assert main([str(_write(folder, "exits_in_the_call", KERNELS["exits_in_the_call"])), "--mode", "test"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: 16 problem(s)" in out and f"{CASES[0]}: called sys.exit(0)" in out
+
+
+def test_cli_exit_code_after_os_exit_in_the_call(folder):
+    """The evaluator's own exit code, from the command line: os._exit(0) in the call must not become 0."""
+    path = _write(folder, "os_exit_in_the_call", KERNELS["os_exit_in_the_call"])
+    proc = subprocess.run([sys.executable, "-m", "nvfp4lib.evaluate", str(path), "--mode", "test"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "FAILED" in proc.stdout and "full-range data: wrong result" in proc.stdout
+    assert proc.stdout.splitlines()[-2:] == [
+        f"FAILED: 1 problem(s) in {path}",
+        f"  - 128x256x1, {CASES[0]}: the call ended the process (exit code 0) without an answer"]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", "1e17"], f"argument --seed: expected an integer from 0 to {MAX_SEED}, got '1e17'"),
+    (["--seed", str(10**17)], f"argument --seed: expected an integer from 0 to {MAX_SEED}, got {10**17}"),
+    (["--reps", "0"], "argument --reps: expected an integer >= 1, got 0"),
+    (["--timeout", "0"], "argument --timeout: expected a positive number of seconds, got 0.0"),
+    (["--time-limit", "nan"], "argument --time-limit: expected a positive number of seconds, got nan"),
+])
+def test_bad_arguments_end_in_one_failed_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["submission.py", *argv])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"FAILED: {message}"
+
+
+def test_bad_arguments_to_evaluate_raise_naming_the_argument(tmp_path):
+    with pytest.raises(ValueError, match=f"seed: expected an integer from 0 to {MAX_SEED}, got {10**17}"):
+        evaluate(tmp_path / "x.py", "test", seed=10**17)
+    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds, got -1"):
+        evaluate(tmp_path / "x.py", "test", timeout=-1)
 
 
 @pytest.mark.gpu
