@@ -11,7 +11,8 @@ def _missing(caps):
     """Reason to skip, per marker, on this machine (None: the marker's need is met)."""
     return {
         "gpu": None if caps.cuda else "needs a CUDA GPU",
-        "sm100": None if caps.fp4_gemm else f"needs Blackwell FP4 GEMM; this machine: {caps.summary()}",
+        "sm100": None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
+                                             f"this machine: {caps.summary()}"),
         "cute": None if caps.cute_dsl else "needs the CuTe DSL: pip install -e '.[cute]'",
     }
 

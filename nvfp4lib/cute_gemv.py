@@ -17,11 +17,22 @@ and ``_block_dot_lut``), then scaled and accumulated in fp32, reduced over the w
 shuffles, and written as fp16. The tile shape is chosen per K (``default_config``). By default
 it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load); the permuted
 tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
+
+The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``MIN_CUTE_DSL``: ``cute.arch.inline_ptx`` and
+``cute.arch.fma_packed_f16x2`` first appear there); an older DSL is refused when compiling, with a
+message naming the version (``DSL_PROBLEM``). The public leaderboard's harness imports ``OpError``
+from ``cutlass.cute.nvgpu.common``, which the DSL removed in 4.7.0, so the leaderboard ran 4.6.x or
+older; where these kernels cannot be built, the exported submissions fall back (nvfp4lib.submission).
+They are called through TVM-FFI (integers and the raw stream handle, the cheapest host call) when
+apache-tvm-ffi is installed, and through the DSL's plain call path (``Int64``/``Int32`` arguments
+and a ``CUstream``) when it is not.
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -35,11 +46,32 @@ try:  # CuTe DSL is optional: everything else in the package works without it.
     import cutlass.cute as cute
     from cutlass import Float16, Float32, Int32, Int64, Uint32
     from cutlass.cute.runtime import make_fake_stream
-except ImportError:  # pragma: no cover - exercised on machines without the DSL
+    DSL_IMPORT_ERROR = None
+except ImportError as missing:  # pragma: no cover - exercised on machines without the DSL
     cute = None
+    DSL_IMPORT_ERROR = f"{type(missing).__name__}: {missing}"
 
+MIN_CUTE_DSL = (4, 6, 0)  # cute.arch.inline_ptx and cute.arch.fma_packed_f16x2 first appear in 4.6.0
 _SCALE_ATOM_BYTES = 512  # one 128-row x 4-scale-column tile of the permuted layout
 _FP16_2_POW_14 = 0x74007400  # half2(16384, 16384)
+_INT32_MAX = 2**31 - 1
+
+
+def _dsl_problem() -> str | None:
+    """Why the installed CuTe DSL cannot build these kernels (None: it can)."""
+    if cute is None:
+        return (f"the CuTe DSL could not be imported ({DSL_IMPORT_ERROR}); "
+                f"pip install 'nvidia-cutlass-dsl>=4.6' apache-tvm-ffi")
+    version = str(getattr(cutlass, "__version__", ""))
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if found and found < MIN_CUTE_DSL:  # no number (a source build): compiling will tell
+        return (f"nvidia-cutlass-dsl {version} is too old for these kernels: they need 4.6.0 or newer "
+                f"(cute.arch.inline_ptx, cute.arch.fma_packed_f16x2); pip install 'nvidia-cutlass-dsl>=4.6'")
+    return None
+
+
+DSL_PROBLEM = _dsl_problem()
+"""Checked once, at import: None, or why `compile_gemv` will refuse (a missing or too old DSL)."""
 
 
 @dataclass(frozen=True)
@@ -508,13 +540,26 @@ def resolve_decode(arch: str, decode: str = "auto") -> str:
     return decode
 
 
-def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig = FastConfig(), options: str = ""):
+def has_tvm_ffi() -> bool:
+    """Whether apache-tvm-ffi imports: then the kernels are compiled for TVM-FFI calls."""
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig = FastConfig(), options: str = "",
+                 tvm_ffi: bool | None = None):
     """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
 
-    ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them).
+    ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them). ``tvm_ffi``: compile
+    for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
+    apache-tvm-ffi is installed.
     """
-    if cute is None:
-        raise RuntimeError("CuTe DSL is not installed: pip install 'nvidia-cutlass-dsl==4.8.1'")
+    if DSL_PROBLEM is not None:
+        raise RuntimeError(DSL_PROBLEM)
+    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
     arch = arch or capabilities().cute_arch
     if arch is None:
         raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
@@ -540,7 +585,44 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
         kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
     return cute.compile(launch, *[Int64(0)] * 5, *[Int32(1)] * 3, make_fake_stream(),
-                        options=f"--enable-tvm-ffi --gpu-arch {arch} {options}")
+                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
+MAX_ROWS = _INT32_MAX + 1 - 128
+"""Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
+size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
+
+
+def check_launch_bounds(shape) -> None:
+    """Refuse a shape whose row count or B batch stride would overflow the kernels' 32-bit integers.
+
+    Every 32-bit quantity of a launch is bounded by M * L or by 128 * K/2 (B's and its scales' batch
+    strides); addresses inside a batch are 64-bit. Checked on the host, once per input.
+    """
+    m, k, l = shape
+    if m * l > MAX_ROWS:
+        raise NVFP4InputError(f"a: expected M * L <= {MAX_ROWS} (the CuTe kernels count rows over all batches in "
+                              f"32-bit integers), got M * L = {m} * {l} = {m * l}")
+    if 128 * (k // 2) > _INT32_MAX:
+        raise NVFP4InputError(f"b: expected 128 * K/2 <= {_INT32_MAX} (a batch of the padded vector, addressed "
+                              f"with 32-bit integers), got K = {k}")
+
+
+def launch_arguments(pointers, kh: int, m: int, l: int, tvm_ffi: bool) -> tuple:
+    """The arguments of a compiled kernel before the stream: plain integers through TVM-FFI; the
+    DSL's own Int64/Int32 values through its plain call path (a Python int would become an Int32)."""
+    if tvm_ffi:
+        return (*pointers, kh, m, l)
+    return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
+
+
+def stream_argument(handle: int, tvm_ffi: bool):
+    """The CUDA stream as a compiled kernel takes it: the raw handle through TVM-FFI, else a CUstream."""
+    if tvm_ffi:
+        return handle
+    from cuda.bindings.driver import CUstream
+
+    return CUstream(handle)
 
 
 def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
@@ -561,17 +643,17 @@ def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig 
 
 
 @functools.cache
-def _compiled(variant: str, arch: str, cfg: FastConfig):
-    return compile_gemv(variant, arch, cfg)
+def _compiled(variant: str, arch: str, cfg: FastConfig, tvm_ffi: bool):
+    return compile_gemv(variant, arch, cfg, tvm_ffi=tvm_ffi)
 
 
 class CuteGemv:
     """A compiled kernel bound to this GPU, called with the leaderboard tuple.
 
     ``cfg=None`` (the fast variant's default) picks ``default_config(K)`` per input. The
-    per-call host path is kept to a dict lookup and one TVM-FFI call with integer
-    arguments: inputs are validated once per input tuple and their addresses and kernel
-    remembered with it (``TupleCache``).
+    per-call host path is kept to a dict lookup and one call of the compiled kernel (through
+    TVM-FFI with integer arguments where apache-tvm-ffi is installed): inputs are validated once
+    per input tuple and their launch arguments and kernel remembered with it (``TupleCache``).
     """
 
     def __init__(self, variant: str = "fast", cfg: FastConfig | None = None, cache_entries: int = 4):
@@ -579,10 +661,14 @@ class CuteGemv:
             raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
         caps = capabilities()
         self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
+        self.tvm_ffi = has_tvm_ffi()
         # Compiled now, not inside a timed or captured call. Without a GPU nothing is
         # compiled; a call then fails validation, naming the argument.
         configs = [cfg] if cfg is not None else [WIDE, TALL] if variant == "fast" else [FastConfig()]
-        self._kernels = {c: _compiled(variant, self.arch, c) for c in configs} if caps.cuda else {}
+        if caps.cuda and not self.tvm_ffi:
+            print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
+                  "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
+        self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs} if caps.cuda else {}
         self._prepared = TupleCache(cache_entries)
 
     def config_for(self, k: int) -> FastConfig:
@@ -596,6 +682,7 @@ class CuteGemv:
 
     def _arguments(self, data):
         shape = validate_gemv_input(data, device="cuda")
+        check_launch_bounds(shape)
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
         if c.device.index != torch.cuda.current_device():
             raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
@@ -603,11 +690,13 @@ class CuteGemv:
         if _reads_permuted(self.variant, self.cfg):
             sfa, sfb = sfa_p, sfb_p
         pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
-        return self._kernels[self.config_for(shape.k)], pointers + (shape.k // 2, shape.m, shape.l), c.device.index
+        args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
+        return self._kernels[self.config_for(shape.k)], args, c.device.index
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device = self._prepare(data)
-        fn(*args, _current_stream(device) if stream is None else stream.cuda_stream)
+        handle = _current_stream(device) if stream is None else stream.cuda_stream
+        fn(*args, handle if self.tvm_ffi else stream_argument(handle, False))
         return data[-1]
 
 

@@ -27,6 +27,7 @@ class Capabilities:
     cute_dsl_version: str | None
     hw_e2m1: bool
     cute_arch: str | None
+    fp4_gemm_reason: str | None = None  # why fp4_gemm is False (the probe's exception, if it ran)
 
     def summary(self) -> str:
         if not self.cuda:
@@ -38,8 +39,12 @@ class Capabilities:
                 f"hardware E2M1: {'yes' if self.hw_e2m1 else 'no'}; {dsl}")
 
 
-def _probe_fp4_gemm() -> bool:
-    """Run one tiny FP4 torch._scaled_mm; cuBLAS refuses it below sm_100."""
+def _probe_fp4_gemm() -> str | None:
+    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised.
+
+    cuBLAS refuses it below sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too,
+    and the message is kept so that whoever skips or falls back can say why.
+    """
     try:
         dev = "cuda"
         a = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
@@ -47,9 +52,19 @@ def _probe_fp4_gemm() -> bool:
         scale = torch.ones(128 * 4, device=dev).to(torch.float8_e4m3fn)  # one 128x4 tile (K = 64)
         torch._scaled_mm(a, b.t(), scale, scale, out_dtype=torch.float16)
         torch.cuda.synchronize()
-        return True
-    except Exception:  # noqa: BLE001 - any failure means "not usable here"
-        return False
+        return None
+    except Exception as err:  # noqa: BLE001 - any failure means "not usable here"; the reason is kept
+        first_line = (str(err).strip().splitlines() or [""])[0]
+        return f"the FP4 torch._scaled_mm probe raised {type(err).__name__}: {first_line}"
+
+
+def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
+    """Why this machine has no FP4 GEMM (None: it has one); probes only where it could."""
+    if not cuda:
+        return "no CUDA GPU"
+    if sm[0] < 10:
+        return f"sm_{sm[0]}{sm[1]}: FP4 GEMM needs sm_100 or newer"
+    return _probe_fp4_gemm()
 
 
 def _probe_cute_dsl() -> str | None:
@@ -72,12 +87,14 @@ def capabilities() -> Capabilities:
     sm = tuple(torch.cuda.get_device_capability()) if cuda else None
     name = torch.cuda.get_device_name() if cuda else "cpu"
     version = _probe_cute_dsl()
+    fp4_reason = _fp4_gemm_reason(cuda, sm)
     return Capabilities(
         cuda=cuda, name=name, sm=sm,
-        fp4_gemm=bool(sm and sm[0] >= 10) and _probe_fp4_gemm(),
+        fp4_gemm=fp4_reason is None,
         cute_dsl=version is not None, cute_dsl_version=version,
         hw_e2m1=bool(sm and sm[0] >= 10),
         cute_arch=_cute_arch(sm),
+        fp4_gemm_reason=fp4_reason,
     )
 
 

@@ -11,6 +11,10 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
+Apart from the table, each of these is the first path of `FALLBACK_ORDER` that can run here; the
+exported one-file submissions try the same order. A chosen path that fails to build (a kernel
+that does not compile for this GPU) gives way to the next one, and `explain` says so.
+
 For experiments a path can be forced by name: ``with force("scaled_mm"): ...`` or the
 environment variable NVFP4_PATH. `explain(data)` says which path would run and why.
 
@@ -43,7 +47,7 @@ from nvfp4lib.validate import validate_gemv_input
 
 PATH_ENV_VAR = "NVFP4_PATH"
 DEFAULT_NOTE = "default, not measured"
-BLACKWELL_DEFAULT = "cute"
+BLACKWELL_DEFAULT = "cute"  # the first of FALLBACK_ORDER; a measured table may say otherwise per shape
 CALIBRATION_CANDIDATES = ("scaled_mm", "cute")
 POOL_STREAMS = 4  # streams of the "scaled_mm_streams" path
 
@@ -53,7 +57,7 @@ POOL_STREAMS = 4  # streams of the "scaled_mm_streams" path
 
 
 def _reference_into_c(data) -> torch.Tensor:
-    """The float64 reference, rounded to fp16 and written into c (slow; a yardstick)."""
+    """The exact reference, rounded to fp16 and written into c (slow; a yardstick)."""
     c = data[6]
     c.copy_(reference_gemv(data))
     return c
@@ -69,6 +73,26 @@ def _cute_reason(caps: Capabilities, on_cuda: bool) -> str | None:
 
 def _anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
     return None
+
+
+FALLBACK_ORDER = ("cute", "scaled_mm")
+"""The paths in the order they are tried where nothing is forced or measured: `choose` takes the
+first that can run here, and the exported submissions (nvfp4lib.submission) try them in this order
+too, moving on when a path cannot run, fails its self-check at import or raises on its first call.
+"scaled_mm" runs everywhere (cuBLAS FP4 on Blackwell, its exact emulation elsewhere), so it is last."""
+
+_REQUIREMENTS = {"cute": _cute_reason, "scaled_mm": _anywhere}
+
+
+def why_unavailable(name: str, caps: Capabilities, on_cuda: bool) -> str | None:
+    """Why path `name` of FALLBACK_ORDER cannot run on the machine `caps` describes (None: it can)."""
+    return _REQUIREMENTS[name](caps, on_cuda)
+
+
+def fallback_paths(caps: Capabilities, on_cuda: bool, after: str | None = None) -> list[str]:
+    """The paths of FALLBACK_ORDER that can run here, best first; with `after`, only those behind it."""
+    order = FALLBACK_ORDER[FALLBACK_ORDER.index(after) + 1:] if after is not None else FALLBACK_ORDER
+    return [name for name in order if why_unavailable(name, caps, on_cuda) is None]
 
 
 def _make_cute() -> Callable:
@@ -108,7 +132,7 @@ PATHS = {p.name: p for p in (
              _make_scaled_mm_streams, _anywhere),
     GemvPath("scaled_mm_graph", "the scaled_mm path replayed from a CUDA graph (captured per set of tensors)",
              lambda: GraphedGemv(scaled_mm.gemv_scaled_mm_permuted), _anywhere),
-    GemvPath("reference", "the float64 reference, rounded to fp16 (slow)", lambda: _reference_into_c, _anywhere),
+    GemvPath("reference", "the exact reference, rounded to fp16 (slow)", lambda: _reference_into_c, _anywhere),
 )}
 
 
@@ -206,7 +230,7 @@ class Decision:
     path: str
     reason: str
     shape_class: str
-    source: str  # "forced" | "env" | "table" | "default" | "device"
+    source: str  # "forced" | "env" | "table" | "default" | "device" | "fallback" (the first choice failed)
 
     def __str__(self) -> str:
         return f"{self.path} [{self.shape_class}]: {self.reason}"
@@ -234,25 +258,28 @@ def choose(shape, *, on_cuda: bool | None = None, caps: Capabilities | None = No
         name, source = forced
         how = f"force({name!r})" if source == "forced" else f"{PATH_ENV_VAR}={name}"
         return Decision(name, f"forced by {how}", key, source)
-    if not on_cuda:
-        return Decision("scaled_mm", "inputs on the CPU: the exact emulation of the FP4 GEMM "
-                        "(fp32 accumulation, one rounding to fp16), the reference-style path", key, "device")
-    if caps.fp4_gemm:
-        if not caps.cute_dsl:
-            return Decision("scaled_mm", "Blackwell without the CuTe DSL: cuBLAS FP4 GEMM is the only kernel",
-                            key, "device")
+    name = fallback_paths(caps, on_cuda)[0]
+    if caps.fp4_gemm and on_cuda and name == BLACKWELL_DEFAULT:
         entry = tab.entries.get(key) if tab is not None and tab.device == caps.name else None
         if entry is not None:
             times = ", ".join(f"{p} {us:.1f} us" for p, us in sorted(entry["median_us"].items()))
             return Decision(entry["path"], f"measured on {tab.device}: {times}", key, "table")
-        return Decision(BLACKWELL_DEFAULT, f"{DEFAULT_NOTE}: Blackwell, no measured entry for {key}; the CuTe "
+        return Decision(name, f"{DEFAULT_NOTE}: Blackwell, no measured entry for {key}; the CuTe "
                         "kernel reads the bytes once with hardware FP4 decode, cuBLAS pads the vector to a "
                         "128-column GEMM", key, "default")
-    if caps.cute_dsl:
-        return Decision("cute", f"{caps.name}: no FP4 GEMM below sm_100, the CuTe kernel decodes FP4 itself",
-                        key, "device")
-    return Decision("scaled_mm", f"{caps.name}: no FP4 GEMM and no CuTe DSL, the exact emulation on the GPU",
-                    key, "device")
+    return Decision(name, _device_reason(name, caps, on_cuda), key, "device")
+
+
+def _device_reason(name: str, caps: Capabilities, on_cuda: bool) -> str:
+    """Why `name`, the first path of FALLBACK_ORDER that can run here, suits this machine."""
+    if not on_cuda:
+        return ("inputs on the CPU: the exact emulation of the FP4 GEMM (fp32 accumulation, one rounding to "
+                "fp16), the reference-style path")
+    if name == "cute":
+        return f"{caps.name}: no FP4 GEMM below sm_100, the CuTe kernel decodes FP4 itself"
+    if caps.fp4_gemm:
+        return f"Blackwell without the CuTe DSL: cuBLAS FP4 GEMM is the only kernel ({_cute_reason(caps, on_cuda)})"
+    return f"{caps.name}: no FP4 GEMM and no CuTe DSL, the exact emulation on the GPU"
 
 
 def explain(data) -> Decision:
@@ -286,11 +313,24 @@ def _build(name: str) -> Callable:
 
 
 def _plan(data, key) -> Callable:
-    decision = choose(validate_gemv_input(data), on_cuda=data[0].is_cuda)
-    why_not = PATHS[decision.path].unavailable(capabilities(), data[0].is_cuda)
+    on_cuda = data[0].is_cuda
+    decision = choose(validate_gemv_input(data), on_cuda=on_cuda)
+    why_not = PATHS[decision.path].unavailable(capabilities(), on_cuda)
     if why_not is not None:
         raise RuntimeError(f"path {decision.path!r} ({decision.reason}) cannot run here: {why_not}")
-    run = _build(decision.path)
+    while True:
+        try:
+            run = _build(decision.path)
+            break
+        except Exception as err:  # noqa: BLE001 - e.g. a kernel that does not compile for this GPU
+            # a path the user forced is built or fails; a chosen one gives way to the next of FALLBACK_ORDER
+            rest = ([] if decision.source in ("forced", "env") or decision.path not in FALLBACK_ORDER
+                    else fallback_paths(capabilities(), on_cuda, after=decision.path))
+            if not rest:
+                raise
+            why = f"{decision.path} could not be built ({type(err).__name__}: {err})"
+            decision = Decision(rest[0], f"{why}; the next path of FALLBACK_ORDER", decision.shape_class,
+                                "fallback")
     _plans[key], _decisions[key] = run, decision
     return run
 
@@ -332,7 +372,8 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, rep
         key = shape_class(s)
         entry = tab.entries.setdefault(key, {"path": None, "median_us": {}, "shapes": []})
         entry["shapes"].append(list(s))
-        data = generate_input(*s, seed=seed, device=device)
+        # unsigned scales, as NVFP4 has them: cuBLAS's FP4 GEMM reads its block scales as UE4M3
+        data = generate_input(*s, seed=seed, device=device, negative_scales=False)
         for name in candidates:
             why_not = PATHS[name].unavailable(caps, device == "cuda")
             if why_not is None:

@@ -10,8 +10,10 @@ order, with the third-party imports at the top. A name clash between modules, a 
 be found, or a reference to the package itself stops the export with an error that names it, and
 the finished file is checked to refer to no undefined name before it is written.
 
-The runtime entry points below (`cute_kernel`, `hybrid_kernel`) are inlined the same way; they
-build the kernel once, at import time, so that no timed call pays for probing or compiling.
+The CuTe and hybrid files choose their kernel once, at import time, so that no timed call pays for
+probing or compiling: `SelfCheckedKernel` (inlined the same way) tries the file's first path and then
+the rest of `dispatch.FALLBACK_ORDER`, keeps the first that computes a small full-range input exactly
+right, and falls back again if the first real call raises, saying on stderr what failed and why.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from __future__ import annotations
 import argparse
 import ast
 import builtins
-import functools
 import importlib
 import importlib.util
 import inspect
+import os
 import symtable
 import sys
 import textwrap
@@ -30,12 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 import nvfp4lib
 from nvfp4lib.cute_gemv import CuteGemv
 from nvfp4lib.device import capabilities
+from nvfp4lib.dispatch import FALLBACK_ORDER, why_unavailable
 from nvfp4lib.evaluate import DIRECTIVE, PACKAGE
-from nvfp4lib.scaled_mm import (describe_path, gemv_scaled_mm_permuted, gemv_scaled_mm_reference,
+from nvfp4lib.layouts import to_permuted
+from nvfp4lib.problem import generate_input
+from nvfp4lib.reference import check, poison_
+from nvfp4lib.scaled_mm import (HARDWARE_PATH, describe_path, gemv_scaled_mm_permuted, gemv_scaled_mm_reference,
                                 gemv_scaled_mm_transposed)
+from nvfp4lib.validate import NVFP4InputError
 
 TASK_IMPORT = "from task import input_t, output_t"
 STREAMS = 2  # CUDA streams of the transposed path: batches overlap, host cost stays small
@@ -46,42 +55,141 @@ class ExportError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Runtime entry points (inlined into the files that use them)
+# Runtime: the paths a file may run, their self-check, and the fallback between them (inlined)
 
 
-def cute_kernel(variant: str):
-    """(description, kernel): the CuTe DSL kernel `variant`, compiled now for this GPU.
+SELF_CHECK_SHAPES = ((128, 256, 2), (128, 2048, 1))
+"""What every candidate path runs at import: K = 256 and K = 2048 take the fast kernel's two tiles
+(`cute_gemv.default_config`), L = 2 a second batch."""
+SELF_CHECK_SEED = 20250
 
-    Without CUDA there is nothing to compile for; the kernel returned then raises an error that
-    says so, rather than quietly running some other code under the CuTe path's name.
+
+def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = True):
+    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector,
+    and the E4M3 scales `generate_input` draws in full mode (zeros, subnormals, both signs).
+
+    ``signed_scales=False`` clears the scales' sign bits: cuBLAS reads NVFP4 block scales as
+    unsigned UE4M3 (the sign bit is ignored), and the leaderboard's scales are never negative.
     """
+    a, b, sfa, sfb, _, _, c = generate_input(m, k, l, seed=SELF_CHECK_SEED, mode="full", device=device)
+    every_byte = torch.arange(256, dtype=torch.uint8, device=device)
+    a.view(torch.uint8)[:128, :2, 0] = every_byte.view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
+    codes = torch.arange(16, dtype=torch.uint8, device=device)
+    b.view(torch.uint8)[0, :16, :] = (codes | (codes.flip(0) << 4)).unsqueeze(-1)  # the vector, every batch
+    if not signed_scales:
+        for sf in (sfa, sfb):
+            sf.view(torch.uint8).bitwise_and_(0x7F)
+    return a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c
+
+
+def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | None:
+    """Run `kernel` on the `SELF_CHECK_SHAPES` inputs (output poisoned first) and compare it with the
+    exact reference (`reference.check`: an integer dequantize-and-sum, the leaderboard's tolerance).
+    None when every element matches; else what went wrong. Exceptions propagate."""
+    for shape in SELF_CHECK_SHAPES:
+        data = self_check_input(*shape, device, signed_scales)
+        poison_(data[6])
+        out = kernel(data)
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize()
+        result = check(out, data)
+        if not result.ok:
+            return f"wrong result at (m, k, l) = {shape}: {result.message.splitlines()[0]}"
+    return None
+
+
+def build_path(name: str) -> tuple[str, Callable, bool]:
+    """(description, kernel, takes signed scales) of one path a file may run: "cute" (the fast CuTe
+    kernel), "cute_naive", or "scaled_mm" (torch._scaled_mm on the permuted scales: cuBLAS FP4 on
+    Blackwell, its exact emulation elsewhere). Raises RuntimeError saying why it cannot run here."""
     caps = capabilities()
-    if not caps.cuda:
-        def needs_cuda(data):
-            raise RuntimeError(f"the CuTe {variant!r} kernel needs a CUDA GPU; this machine: {caps.summary()}")
-        return f"unavailable: the CuTe {variant!r} kernel needs a CUDA GPU", needs_cuda
-    return f"CuTe DSL {variant!r} kernel for {caps.cute_arch}", CuteGemv(variant)
+    family = "cute" if name.startswith("cute") else name
+    why_not = why_unavailable(family, caps, caps.cuda)
+    if why_not is not None:
+        raise RuntimeError(why_not)
+    if family == "cute":
+        variant = "naive" if name == "cute_naive" else "fast"
+        runner = CuteGemv(variant)
+        call = "TVM-FFI call" if runner.tvm_ffi else "plain call path, no apache-tvm-ffi"
+        return f"CuTe DSL {variant!r} kernel for {caps.cute_arch} ({call})", runner, True
+    how = describe_path("cuda" if caps.cuda else "cpu")
+    return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_PATH
 
 
-def hybrid_kernel():
-    """(description, kernel): the best path this machine has, chosen once.
+def _one_line(err: BaseException) -> str:
+    """The error's type and first line, at most 400 characters, cut between words."""
+    text = (str(err).strip().splitlines() or [""])[0]
+    return textwrap.shorten(f"{type(err).__name__}: {text}", width=400, placeholder=" ...")
 
-    The CuTe fast kernel on a CUDA GPU with the CuTe DSL (one launch for all batches, no scale
-    conversion); else FP4 ``torch._scaled_mm`` on Blackwell; else the exact emulation of that GEMM,
-    which reads the same blocked scales and runs on any device.
+
+class SelfCheckedKernel:
+    """The kernel of an exported file: the first of `candidates` (names for `build_path`) that passes
+    `self_check` on this machine, chosen once, at import.
+
+    A candidate that cannot run here, raises, or computes a wrong result is passed over, and so is one
+    whose first real call raises (an NVFP4InputError excepted: that is the caller's mistake). Each is
+    reported with one line on stderr saying which path failed, why, and what runs instead; the path
+    chosen says "self-check ok: <path> on <device>". `fail` names paths to fail on purpose, to
+    exercise the fallback. After the first call that succeeds, ``namespace["KERNEL"]`` (the file's
+    globals, read by its ``custom_kernel``) is the chosen kernel itself: later calls pay nothing
+    for this object. ``namespace["BACKEND"]`` always describes what runs.
     """
-    caps = capabilities()
-    if caps.cuda and caps.cute_dsl:
+
+    def __init__(self, candidates, namespace: dict, *, fail=(), device=None):
+        self.pending = list(candidates)
+        self.namespace = namespace
+        self.fail = frozenset(fail)
+        self.device = device if device is not None else ("cuda" if capabilities().cuda else "cpu")
+        self.failed: list[tuple[str, str, str]] = []  # (stage, path, why), not yet reported
+        self.name, self.description, self.kernel = None, "", None
+        self._choose()
+
+    def _choose(self) -> None:
+        while self.pending:
+            name = self.pending.pop(0)
+            try:
+                if name in self.fail:
+                    raise RuntimeError("made to fail on purpose (exported with --fail-path)")
+                description, kernel, signed = build_path(name)
+                problem = self_check(kernel, self.device, signed)
+            except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
+                problem = _one_line(err)
+            if problem is None:
+                self._report(name)
+                self.name, self.description, self.kernel = name, description, kernel
+                self.namespace["BACKEND"] = description
+                return
+            self.failed.append(("self-check", name, problem))
+        self._report(None)
+        self.name, self.kernel = None, None
+        self.description = "no path passed its self-check"
+        self.namespace["BACKEND"] = self.description
+
+    def _report(self, chosen: str | None) -> None:
+        instead = f"using {chosen} instead" if chosen else "no path is left: custom_kernel will raise"
+        for stage, name, why in self.failed:
+            print(f"{stage}: {name} failed ({why}); {instead}", file=sys.stderr)
+        self.failed = []
+        if chosen:
+            caps = capabilities()
+            where = f"{caps.name} (sm_{caps.sm[0]}{caps.sm[1]})" if self.device == "cuda" and caps.sm else \
+                str(self.device)
+            print(f"self-check ok: {chosen} on {where}", file=sys.stderr)
+
+    def __call__(self, data):
+        if self.kernel is None:
+            raise RuntimeError("no GEMV path passed its self-check on this machine (see the lines printed on "
+                               "stderr when the file was imported)")
         try:
-            return f"CuTe DSL 'fast' kernel for {caps.cute_arch}", CuteGemv("fast")
-        except Exception as err:  # noqa: BLE001 - e.g. a GPU the kernel does not compile for
-            print(f"hybrid: CuTe kernel unavailable ({type(err).__name__}: {err}); "
-                  "falling back to torch._scaled_mm or its emulation", file=sys.stderr)
-    if caps.fp4_gemm:
-        kernel = functools.partial(gemv_scaled_mm_transposed, streams=STREAMS)
-        return f"torch._scaled_mm, transposed, {STREAMS} streams ({describe_path('cuda')})", kernel
-    device = "cuda" if caps.cuda else "cpu"
-    return f"torch._scaled_mm layout, permuted scales: {describe_path(device)}", gemv_scaled_mm_permuted
+            out = self.kernel(data)
+        except NVFP4InputError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the next path gets this call
+            self.failed.append(("first call", self.name, _one_line(err)))
+            self._choose()
+            return self(data)
+        self.namespace["KERNEL"] = self.kernel
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,15 +198,21 @@ def hybrid_kernel():
 
 @dataclass(frozen=True)
 class ExportPath:
-    """What `custom_kernel` runs: ``entry(data, **kwargs)``, or with `factory`, the kernel that
-    ``entry(*args)`` returns as (description, kernel), built once at import time."""
+    """What `custom_kernel` runs: ``entry(data, **kwargs)``; or, with `candidates`, the
+    `SelfCheckedKernel` of those runtime paths (`build_path`), chosen once at import time."""
 
     entry: Callable
     summary: str
-    args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    factory: bool = False
-    needs_cuda: bool = False
+    candidates: tuple[str, ...] = ()
+    needs_cuda: bool = False  # its own kernel needs a CUDA GPU (elsewhere the file runs its fallback)
+
+
+def _with_fallback(first: str | None = None) -> tuple[str, ...]:
+    """`first`, then the paths of dispatch.FALLBACK_ORDER that are not of its family (all of them
+    without `first`): the order the file tries at import."""
+    family = None if first is None else "cute" if first.startswith("cute") else first
+    return ((first,) if first else ()) + tuple(p for p in FALLBACK_ORDER if p != family)
 
 
 PATHS = {
@@ -110,17 +224,20 @@ PATHS = {
         "torch._scaled_mm per batch on the permuted scales, which already are the blocked buffers"),
     "scaled_mm_transposed": ExportPath(
         gemv_scaled_mm_transposed,
-        f"torch._scaled_mm as B @ A.T, scales converted once and cached, batches on {STREAMS} CUDA streams",
+        f"torch._scaled_mm as B @ A.T, scales converted for all batches at once, batches on {STREAMS} CUDA streams",
         kwargs={"streams": STREAMS}),
     "cute_naive": ExportPath(
-        cute_kernel, "CuTe DSL naive kernel: one thread per row, compiled at import (needs a CUDA GPU)",
-        args=("naive",), factory=True, needs_cuda=True),
+        SelfCheckedKernel, "CuTe DSL naive kernel: one thread per row, compiled and self-checked at import "
+        "(needs a CUDA GPU; else, or if it fails, the fallback order)",
+        candidates=_with_fallback("cute_naive"), needs_cuda=True),
     "cute_fast": ExportPath(
-        cute_kernel, "CuTe DSL fast kernel: warps stream rows with 128-bit loads, compiled at import "
-        "(needs a CUDA GPU)", args=("fast",), factory=True, needs_cuda=True),
+        SelfCheckedKernel, "CuTe DSL fast kernel: warps stream rows with 128-bit loads, compiled and "
+        "self-checked at import (needs a CUDA GPU; else, or if it fails, the fallback order)",
+        candidates=_with_fallback("cute"), needs_cuda=True),
     "hybrid": ExportPath(
-        hybrid_kernel, "the best this machine has: CuTe fast kernel, else FP4 torch._scaled_mm, "
-        "else the exact emulation", factory=True),
+        SelfCheckedKernel, "the first path of the fallback order that passes its self-check here: "
+        f"{', '.join(FALLBACK_ORDER)} (CuTe fast kernel; FP4 torch._scaled_mm, or its exact emulation)",
+        candidates=_with_fallback()),
 }
 
 
@@ -419,9 +536,8 @@ def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, 
 # The file
 
 
-def _literal_call(name: str, args: tuple, kwargs: dict, first: str | None = None) -> str:
-    parts = ([first] if first else []) + [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
-    return f"{name}({', '.join(parts)})"
+def _literal_call(name: str, first: str, kwargs: dict) -> str:
+    return f"{name}({', '.join([first] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
 
 
 def _path(name: str) -> ExportPath:
@@ -430,19 +546,30 @@ def _path(name: str) -> ExportPath:
     return PATHS[name]
 
 
-def export_source(path: str, *, streams: int | None = None) -> str:
-    """The text of a self-contained leaderboard file for `path` (see `PATHS`)."""
+def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = ()) -> str:
+    """The text of a self-contained leaderboard file for `path` (see `PATHS`).
+
+    `fail` names runtime paths of the file's fallback order that its self-check is to fail on
+    purpose (to see the fallback work on a machine where every path would pass).
+    """
     spec = _path(path)
     kwargs = dict(spec.kwargs)
     if streams is not None:
         if "streams" not in kwargs:
             raise ExportError(f"--streams applies only to paths that take streams, not to {path!r}")
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
+            raise ExportError(f"--streams: expected an integer >= 0 (0 = the caller's stream), got {streams!r}")
         kwargs["streams"] = streams
-    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "NEEDS_CUDA",
-                 "BACKEND", "KERNEL")
-    imports, code = inline_objects([spec.entry] + ([describe_path] if not spec.factory else []), reserved=generated)
+    unknown = [name for name in fail if name not in spec.candidates]
+    if unknown:
+        choices = ", ".join(spec.candidates) if spec.candidates else f"none: {path!r} has no fallback"
+        raise ExportError(f"--fail-path {unknown[0]!r}: not a path of {path!r} (its paths: {choices})")
+    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
+    imports, code = inline_objects([spec.entry] + ([] if spec.candidates else [describe_path]), reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
-    command = f"python -m nvfp4lib.submission --path {path}" + (f" --streams {streams}" if streams is not None else "")
+    command = " ".join([f"python -m nvfp4lib.submission --path {path}"]
+                       + ([f"--streams {streams}"] if streams is not None else [])
+                       + [f"--fail-path {name}" for name in fail])
     header = [
         DIRECTIVE,
         f"# Batched NVFP4 GEMV (GPU MODE leaderboard 'nvfp4_gemv'), path {path!r}:",
@@ -451,13 +578,15 @@ def export_source(path: str, *, streams: int | None = None) -> str:
         "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
         f"# its file), then the generated entry point. It needs only {needs}.",
     ]
-    if spec.factory:
-        setup = [f"BACKEND, KERNEL = {_literal_call(spec.entry.__name__, spec.args, {})}"
-                 "  # built once, at import time"]
+    if spec.candidates:
+        options = f", fail={tuple(fail)!r}" if fail else ""
+        setup = ["# Tried in this order at import; the first whose self-check passes runs (messages on stderr).",
+                 f"KERNEL = {spec.entry.__name__}({list(spec.candidates)!r}, globals(){options})",
+                 "BACKEND = KERNEL.description  # what runs (updated if the first call has to fall back)"]
         call = "KERNEL(data)"
     else:
         setup = ["BACKEND = describe_path()  # probes the machine now, not inside the first timed call"]
-        call = _literal_call(spec.entry.__name__, spec.args, kwargs, first="data")
+        call = _literal_call(spec.entry.__name__, "data", kwargs)
     tail = [
         f"# {'=' * 96}", "# The leaderboard entry point", f"# {'=' * 96}", "",
         *setup, "", "",
@@ -468,7 +597,6 @@ def export_source(path: str, *, streams: int | None = None) -> str:
     source = "\n".join([
         *header, "", "from __future__ import annotations", "", imports, "", TASK_IMPORT, "",
         f"SUBMISSION_PATH = {path!r}", f"NVFP4LIB_VERSION = {nvfp4lib.__version__!r}",
-        f"NEEDS_CUDA = {spec.needs_cuda!r}  # True: custom_kernel raises on a machine without CUDA",
         "", "", code, "", "", *tail, ""])
     _check_self_contained(source, path)
     return source
@@ -492,12 +620,23 @@ def _check_self_contained(source: str, path: str) -> None:
         raise ExportError(f"the file generated for {path!r} uses undefined names: {', '.join(missing)}")
 
 
-def write_submission(path: str, out, *, streams: int | None = None) -> Path:
-    """Write the file for `path` to `out` (folders are created) and return where it went."""
-    source = export_source(path, streams=streams)
+def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[str, ...] = (),
+                     force: bool = False) -> Path:
+    """Write the file for `path` to `out` and return where it went. Missing folders are created; an
+    existing file is replaced only with `force`; a folder, or a file where a folder should be, is
+    an ExportError that says so."""
+    if str(out).endswith(("/", os.sep)) or Path(out).is_dir():
+        raise ExportError(f"--out: {out} is a folder; name the file to write, e.g. {Path(out) / 'submission.py'}")
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(source)
+    if out.exists() and not force:
+        raise ExportError(f"--out: {out} exists; pass --force to overwrite it")
+    source = export_source(path, streams=streams, fail=fail)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(source)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(out) else ""
+        raise ExportError(f"--out: cannot write {out}: {err.strerror or err}{where}") from err
     return out
 
 
@@ -505,7 +644,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvfp4lib.submission", description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", help="which kernel path to export (see --list)")
     parser.add_argument("--out", default="submission.py", help="file to write (default: submission.py)")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     parser.add_argument("--streams", type=int, help=f"CUDA streams of scaled_mm_transposed (default {STREAMS})")
+    parser.add_argument("--fail-path", action="append", default=[], metavar="NAME",
+                        help="make the file's self-check fail this path of its fallback order, to see the "
+                             "fallback work (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the paths and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -516,7 +659,8 @@ def main(argv=None) -> int:
     if not args.path:
         parser.error(f"--path is required; one of: {', '.join(PATHS)}")
     try:
-        out = write_submission(args.path, args.out, streams=args.streams)
+        out = write_submission(args.path, args.out, streams=args.streams, fail=tuple(args.fail_path),
+                               force=args.force)
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,14 +1,17 @@
 """CuTe DSL kernels: cross-compiled PTX on any machine, correctness on a CUDA GPU."""
 
+import dataclasses
 import re
+import sys
 
 import pytest
 import torch
 
 from nvfp4lib import ptx_tools
 from nvfp4lib.device import capabilities
-from nvfp4lib.problem import TEST_SHAPES, Shape, generate_input
+from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, generate_input
 from nvfp4lib.reference import check, poison_
+from nvfp4lib.validate import NVFP4InputError
 
 cute_gemv = pytest.importorskip("nvfp4lib.cute_gemv")
 pytestmark = pytest.mark.cute
@@ -121,3 +124,80 @@ def test_matches_reference_on_gpu(kernel, shape):
     poison_(data[-1])
     result = check(cute_gemv.gemv_cute(data, variant, cfg), data)
     assert result.ok, result.message
+
+
+# ------------------------------------------------------------------------ DSL version, TVM-FFI, bounds
+
+
+def test_too_old_dsl_is_refused_with_the_version(monkeypatch):
+    monkeypatch.setattr(cute_gemv.cutlass, "__version__", "4.5.2")
+    problem = cute_gemv._dsl_problem()
+    assert "nvidia-cutlass-dsl 4.5.2 is too old" in problem and "4.6.0 or newer" in problem
+    monkeypatch.setattr(cute_gemv, "DSL_PROBLEM", problem)
+    with pytest.raises(RuntimeError, match="4.5.2 is too old"):
+        cute_gemv.compile_gemv("fast", "sm_100a")
+    for fine in ("4.6.0", "4.10.2", "@CUTLASS_IR_WHEEL_RELEASE_VERSION@"):
+        monkeypatch.setattr(cute_gemv.cutlass, "__version__", fine)
+        assert cute_gemv._dsl_problem() is None, fine
+    assert cute_gemv.MIN_CUTE_DSL == (4, 6, 0)
+
+
+def test_missing_dsl_names_the_import_error(monkeypatch):
+    monkeypatch.setattr(cute_gemv, "cute", None)
+    monkeypatch.setattr(cute_gemv, "DSL_IMPORT_ERROR", "ModuleNotFoundError: No module named 'cutlass'")
+    assert cute_gemv._dsl_problem().startswith("the CuTe DSL could not be imported (ModuleNotFoundError")
+
+
+def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):
+    """apache-tvm-ffi hidden: compiling no longer asks for it (that raised CONFIG_MISSING_TVM_FFI), and
+    the plain call's arguments marshal with 64-bit addresses intact."""
+    import ctypes
+
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)
+    assert not cute_gemv.has_tvm_ffi()
+    fn = cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL)
+    assert type(fn).__name__ == "CudaDialectJitCompiledFunction"
+    with pytest.raises(Exception, match="TVM FFI is not installed"):
+        cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL, tvm_ffi=True)
+    pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)
+    args = cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=False)
+    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.stream_argument(0, False))
+    assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)).contents.value for p in marshalled[:5]] == list(pointers)
+    assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int32)).contents.value for p in marshalled[5:8]] == [3584, 7168, 4]
+    assert cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=True) == (*pointers, 3584, 7168, 4)
+
+
+def test_runner_without_tvm_ffi_says_so_and_compiles_for_the_plain_call(monkeypatch, capsys):
+    """A machine that looks like a B200 (compiling needs no GPU): the runner notes the slower call path."""
+    caps = dataclasses.replace(capabilities(), cuda=True, sm=(10, 0), cute_arch="sm_100a")
+    monkeypatch.setattr(cute_gemv, "capabilities", lambda: caps)
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)
+    cute_gemv._compiled.cache_clear()
+    try:
+        runner = cute_gemv.CuteGemv("naive")
+    finally:
+        cute_gemv._compiled.cache_clear()
+    assert not runner.tvm_ffi and [type(k).__name__ for k in runner._kernels.values()] == \
+        ["CudaDialectJitCompiledFunction"]
+    assert "apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain call path" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shape, argument", [
+    (Shape(2**24, 256, 128), "a: expected M \\* L <= 2147483520"),  # 2^31 rows over all batches
+    (Shape(128, 2**25, 1), "b: expected 128 \\* K/2 <= 2147483647"),
+])
+def test_shapes_beyond_32_bit_indexing_are_refused(shape, argument, monkeypatch):
+    with pytest.raises(NVFP4InputError, match=argument):
+        cute_gemv.check_launch_bounds(shape)
+    # the runner checks before it reads anything from the tensors
+    monkeypatch.setattr(cute_gemv, "validate_gemv_input", lambda data, device: shape)
+    with pytest.raises(NVFP4InputError, match=argument):
+        cute_gemv.CuteGemv("fast")._arguments(generate_input(128, 256, 1))
+
+
+def test_largest_supported_shapes_pass_the_bound_check():
+    cute_gemv.check_launch_bounds(Shape(cute_gemv.MAX_ROWS, 64, 1))
+    cute_gemv.check_launch_bounds(Shape(128, 2**25 - 64, 1))
+    for shape in BENCHMARK_SHAPES + TEST_SHAPES:
+        cute_gemv.check_launch_bounds(shape)

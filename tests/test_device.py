@@ -1,12 +1,14 @@
 """Capabilities are probed consistently, and the environment report is complete."""
 
+import dataclasses
 import importlib.util
 
 import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib.device import Capabilities, _cute_arch, capabilities, environment_report, print_environment
+from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, environment_report,
+                             print_environment)
 
 
 def test_capabilities_are_cached():
@@ -69,3 +71,57 @@ def test_gpu_report_names_the_device():
                     reason="needs a CUDA GPU older than sm_100")
 def test_no_fp4_gemm_before_blackwell():
     assert not capabilities().fp4_gemm and not capabilities().hw_e2m1
+
+
+def test_fp4_gemm_reason_says_why_not():
+    caps = capabilities()
+    assert (caps.fp4_gemm_reason is None) == caps.fp4_gemm
+    assert _fp4_gemm_reason(False, None) == "no CUDA GPU"
+    assert _fp4_gemm_reason(True, (9, 0)) == "sm_90: FP4 GEMM needs sm_100 or newer"
+
+
+def test_fp4_probe_keeps_the_exception(monkeypatch):
+    """A Blackwell whose PyTorch has no FP4 cuBLAS: the probe's error becomes the reason, not a silent False."""
+    def no_fp4(*args, **kwargs):
+        raise RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul\nmore")
+
+    monkeypatch.setattr(torch, "_scaled_mm", no_fp4)
+    monkeypatch.setattr(torch, "zeros", lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8))
+    monkeypatch.setattr(torch, "ones", lambda *args, **kwargs: torch.empty(0))
+    reason = _fp4_gemm_reason(True, (10, 0))
+    assert reason == ("the FP4 torch._scaled_mm probe raised RuntimeError: CUDA error: CUBLAS_STATUS_NOT_SUPPORTED "
+                      "when calling cublasLtMatmul")
+
+
+def test_sm100_skip_reason_shows_the_probe(monkeypatch):
+    import conftest
+
+    caps = dataclasses.replace(capabilities(), fp4_gemm=False,
+                               fp4_gemm_reason="the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS")
+    assert "(the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS)" in conftest._missing(caps)["sm100"]
+    assert conftest._missing(dataclasses.replace(caps, fp4_gemm=True, fp4_gemm_reason=None))["sm100"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10,
+                    reason="on an sm_100 GPU the check really runs (make blackwell-check)")
+def test_blackwell_check_elsewhere_says_what_it_would_run(tmp_path, capsys):
+    from tools import blackwell_check
+
+    report = tmp_path / "report.md"
+    assert blackwell_check.main(["--report", str(report)]) == 0
+    text = report.read_text()
+    assert "**Nothing ran**: this check needs an sm_100 (Blackwell) GPU; this machine: " in text
+    for item in blackwell_check.ITEMS:
+        assert f"| {item.name} | SKIP | 0.0 s | not an sm_100 GPU; would run: " in text
+    assert "Nothing runs here" in capsys.readouterr().out
+
+
+def test_blackwell_check_counts_all_skipped_as_a_failure():
+    """The silent skip that hid a missing FP4 cuBLAS: sm100 tests that all skip fail the check, with why."""
+    from tools import blackwell_check
+
+    if capabilities().fp4_gemm:
+        pytest.skip("here the sm100 tests run")
+    with pytest.raises(blackwell_check.CheckFailed, match=r"0 passed, .* skipped .*nothing ran on this machine; "
+                                                          r"skip reasons: .*needs Blackwell FP4 GEMM \("):
+        blackwell_check.run_pytest("sm100_probe", "sm100", "tests/test_dispatch.py")

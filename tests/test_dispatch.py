@@ -154,6 +154,42 @@ def test_blackwell_without_table_reports_the_default(monkeypatch):
     assert dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=True, caps=no_dsl).path == "scaled_mm"
 
 
+@pytest.mark.parametrize("caps", [CPU, HOPPER, BLACKWELL, dataclasses.replace(HOPPER, cute_dsl=False),
+                                  dataclasses.replace(BLACKWELL, cute_dsl=False)],
+                         ids=["cpu", "hopper", "blackwell", "hopper-no-dsl", "blackwell-no-dsl"])
+def test_without_a_table_the_choice_is_the_first_runnable_path_of_the_fallback_order(caps):
+    for on_cuda in (False, True) if caps.cuda else (False,):
+        decision = dispatch.choose(BENCHMARK_SHAPES[1], on_cuda=on_cuda, caps=caps)
+        runnable = [p for p in dispatch.FALLBACK_ORDER if dispatch.why_unavailable(p, caps, on_cuda) is None]
+        assert decision.path == runnable[0] == dispatch.fallback_paths(caps, on_cuda)[0]
+        assert dispatch.fallback_paths(caps, on_cuda, after=runnable[0]) == runnable[1:]
+    assert dispatch.FALLBACK_ORDER[-1] == "scaled_mm" and dispatch.why_unavailable("scaled_mm", caps, False) is None
+
+
+def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
+    """The CuTe kernel chosen (as on a GPU) but not compiling: the next path of FALLBACK_ORDER runs, and
+    the decision says why; a forced path is not replaced."""
+    def no_compile():
+        raise RuntimeError("NVVM_ERROR_COMPILATION")
+
+    monkeypatch.setitem(dispatch.PATHS, "cute", dataclasses.replace(dispatch.PATHS["cute"], make=no_compile,
+                                                                     unavailable=dispatch._anywhere))
+    monkeypatch.delitem(dispatch._built, "cute", raising=False)  # built again, with the patched make
+    key = dispatch.shape_class((256, 512, 2))
+    monkeypatch.setattr(dispatch, "choose", lambda shape, on_cuda: dispatch.Decision("cute", "chosen", key, "device"))
+    data = _fresh(Shape(256, 512, 2))
+    result = check(dispatch.custom_kernel(data), data)
+    assert result.ok, result.message
+    decision = dispatch.decisions()[(data[0].shape, False)]
+    assert decision.path == "scaled_mm" and decision.source == "fallback"
+    assert decision.reason == ("cute could not be built (RuntimeError: NVVM_ERROR_COMPILATION); "
+                               "the next path of FALLBACK_ORDER")
+    dispatch.reset()
+    monkeypatch.setattr(dispatch, "choose", lambda shape, on_cuda: dispatch.Decision("cute", "forced", key, "forced"))
+    with pytest.raises(RuntimeError, match="NVVM_ERROR_COMPILATION"):
+        dispatch.custom_kernel(data)
+
+
 def _table_for(caps: Capabilities) -> dispatch.Table:
     big, many = BENCHMARK_SHAPES[0], BENCHMARK_SHAPES[1]
     return dispatch.Table(caps.name, "10.0", {

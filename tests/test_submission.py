@@ -1,11 +1,14 @@
-"""Exported one-file submissions: self-contained, readable, and correct through the local leaderboard.
+"""Exported one-file submissions: self-contained, readable, self-checked, and correct through the
+local leaderboard.
 
 Every path is exported once per module. The files are imported in a fresh interpreter in which
-nvfp4lib cannot be found (as on the leaderboard machine); the paths that run without CUDA pass the
-local leaderboard's test mode here, and the CuTe file cross-compiles its kernels without a GPU.
+nvfp4lib cannot be found (as on the leaderboard machine); every path passes the local leaderboard's
+test mode here (the CuTe files through their fallback, the emulation, when there is no GPU), and
+the CuTe file cross-compiles its kernels without a GPU, with and without apache-tvm-ffi.
 """
 
 import ast
+import dataclasses
 import importlib.util
 import inspect
 import sys
@@ -15,13 +18,17 @@ import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib import device, scaled_mm
+from nvfp4lib import cute_gemv, device, dispatch, scaled_mm, submission
 from nvfp4lib.evaluate import evaluate, import_isolated, load_submission
+from nvfp4lib.formats import unpack_fp4
+from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import generate_input
-from nvfp4lib.submission import (DIRECTIVE, PATHS, TASK_IMPORT, ExportError, export_source, inline_objects, main,
-                                 write_submission)
+from nvfp4lib.reference import check, poison_
+from nvfp4lib.submission import (DIRECTIVE, PATHS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_source,
+                                 inline_objects, main, write_submission)
+from nvfp4lib.validate import NVFP4InputError, validate_gemv_input
 
-CPU_PATHS = [name for name, spec in PATHS.items() if not spec.needs_cuda]
+CHECKED_PATHS = [name for name, spec in PATHS.items() if spec.candidates]  # self-checked, with a fallback
 CUDA_PATHS = [name for name, spec in PATHS.items() if spec.needs_cuda]
 # Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the cute_fast
 # file the kernels it cross-compiles (tracing a kernel runs every helper it calls, so a helper
@@ -90,6 +97,38 @@ def test_streams_apply_to_the_transposed_path_only():
         export_source("cute_fast", streams=2)
 
 
+@pytest.mark.parametrize("streams", [-1, True, 2.5])
+def test_streams_must_be_a_count(streams, tmp_path, capsys):
+    with pytest.raises(ExportError, match=r"--streams: expected an integer >= 0 \(0 = the caller's stream\)"):
+        export_source("scaled_mm_transposed", streams=streams)
+    if streams == -1:
+        assert main(["--path", "scaled_mm_transposed", "--streams", "-1", "--out", str(tmp_path / "s.py")]) == 2
+        assert "--streams: expected an integer >= 0" in capsys.readouterr().err
+        assert not (tmp_path / "s.py").exists()
+
+
+def test_existing_file_is_kept_without_force(tmp_path, capsys):
+    out = tmp_path / "submission.py"
+    out.write_text("# mine\n")
+    assert main(["--path", "scaled_mm_permuted", "--out", str(out)]) == 2
+    assert f"--out: {out} exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert out.read_text() == "# mine\n"
+    assert main(["--path", "scaled_mm_permuted", "--out", str(out), "--force"]) == 0
+    assert out.read_text().startswith(DIRECTIVE)
+
+
+def test_bad_out_is_a_clear_error(tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    cases = {str(tmp_path): "is a folder", str(tmp_path / "new_folder") + "/": "is a folder",
+             str(a_file / "submission.py"): "cannot write"}
+    for out, message in cases.items():
+        assert main(["--path", "scaled_mm_permuted", "--out", out]) == 2, out
+        err = capsys.readouterr().err
+        assert err.startswith("error: --out: ") and message in err and "Traceback" not in err, err
+    assert not (tmp_path / "new_folder").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # What a file contains
 
@@ -115,7 +154,7 @@ def test_file_is_a_self_contained_leaderboard_entry(exported, name):
 
 def test_inlined_code_is_the_package_source(exported):
     source = exported["scaled_mm_transposed"].read_text()
-    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.BlockedScaleCache, scaled_mm.emulated_scaled_mm_fp4):
+    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.blocked_scales, scaled_mm.emulated_scaled_mm_fp4):
         assert inspect.getsource(obj) in source, f"{obj.__name__} is not inlined verbatim"
     assert "# nvfp4lib/scaled_mm.py" in source and "# nvfp4lib/layouts.py" in source
 
@@ -132,16 +171,28 @@ def test_function_local_package_imports_are_inlined(exported):
 def test_file_holds_only_what_its_path_needs(exported):
     reference = exported["scaled_mm_reference"].read_text()
     assert "def gemv_scaled_mm_transposed" not in reference and "cutlass.cute" not in reference
-    assert "def generate_input" not in reference  # from problem.py only Shape is needed
-    cute = exported["cute_fast"].read_text()
-    assert "def emulated_scaled_mm_fp4" not in cute and "class CuteGemv" in cute
-    hybrid = exported["hybrid"].read_text()
-    assert "class CuteGemv" in hybrid and "def gemv_scaled_mm_permuted" in hybrid
+    assert "def generate_input" not in reference and "class SelfCheckedKernel" not in reference
+    for name in CHECKED_PATHS:  # the kernel, its fallback and the self-check, nothing else
+        text = exported[name].read_text()
+        assert "class CuteGemv" in text and "def gemv_scaled_mm_permuted" in text, name
+        assert "class SelfCheckedKernel" in text and "def reference_gemv" in text, name
+        assert "def gemv_scaled_mm_transposed" not in text and "def calibrate" not in text, name
+
+
+@pytest.mark.parametrize("name", CHECKED_PATHS)
+def test_checked_files_try_their_kernel_then_the_fallback_order(exported, name):
+    """One fallback order, dispatch.FALLBACK_ORDER, written into every self-checked file."""
+    tree = ast.parse(exported[name].read_text())
+    setup = next(s for s in tree.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "KERNEL")
+    candidates = ast.literal_eval(setup.value.args[0])
+    first = {"cute_naive": "cute_naive", "cute_fast": "cute", "hybrid": "cute"}[name]
+    assert candidates == [first, *dispatch.FALLBACK_ORDER[1:]]
+    assert dispatch.FALLBACK_ORDER[0] == "cute"
 
 
 def test_functions_keep_their_names_and_docstrings(exported):
     module = load_submission(exported["hybrid"])
-    for name in ("gemv_scaled_mm_permuted", "gemv_scaled_mm_transposed", "capabilities", "validate_gemv_input"):
+    for name in ("gemv_scaled_mm_permuted", "capabilities", "validate_gemv_input"):
         original = getattr(scaled_mm, name, None) or getattr(device, name, None) or \
             getattr(sys.modules["nvfp4lib.validate"], name)
         assert getattr(module, name).__doc__ == original.__doc__
@@ -235,15 +286,16 @@ def test_probe_modules_inline_when_consistent(probe_modules):
 
 
 def test_isolated_interpreter_really_lacks_nvfp4lib(isolated):
-    assert isolated["probe"] == (True, ("No module named 'nvfp4lib'", None))
+    ok, (message, compiled) = isolated["probe"]
+    assert ok and message.startswith("No module named 'nvfp4lib'") and compiled is None
 
 
 @pytest.mark.parametrize("name", PATHS)
 def test_file_imports_where_nvfp4lib_does_not_exist(isolated, name):
     ok, value = isolated[name]
     assert ok, value
-    if name in CUDA_PATHS and not torch.cuda.is_available():
-        assert value[0].startswith("unavailable: the CuTe")
+    if name in CHECKED_PATHS and not torch.cuda.is_available():
+        assert value[0].startswith("torch._scaled_mm on the permuted scales: emulated")
 
 
 @pytest.mark.cute
@@ -253,23 +305,26 @@ def test_cute_file_compiles_its_kernels_without_nvfp4lib(isolated):
     assert value[1] and len(value[1]) == len(CROSS_COMPILE)
 
 
-@pytest.mark.parametrize("name", CPU_PATHS)
+@pytest.mark.parametrize("name", PATHS)
 def test_path_passes_the_local_leaderboard_test_mode(exported, name):
     report = evaluate(exported[name], "test")
     assert report.ok, report.summary()
     assert report.cases and all(case.ok for case in report.cases)
-    assert report.submission_path == name
+    assert report.submission_path == name and not report.skipped
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 @pytest.mark.parametrize("name", CUDA_PATHS)
-def test_cute_file_without_cuda_imports_and_is_skipped(exported, name):
-    report = evaluate(exported[name], "test")
-    assert report.ok and report.skipped and "needs a CUDA GPU" in report.skipped
-    assert not report.cases
+def test_cute_file_without_cuda_says_why_and_runs_its_fallback(exported, name, capsys):
     module = load_submission(exported[name])
-    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
-        module.custom_kernel(generate_input(128, 256, 1))
+    err = capsys.readouterr().err.splitlines()
+    first = "cute_naive" if name == "cute_naive" else "cute"
+    assert err == [f"self-check: {first} failed (RuntimeError: the CuTe kernel needs the inputs on a CUDA GPU); "
+                   "using scaled_mm instead", "self-check ok: scaled_mm on cpu"]
+    assert module.BACKEND.startswith("torch._scaled_mm on the permuted scales: emulated")
+    data = generate_input(128, 256, 1, seed=11)
+    poison_(data[6])
+    assert check(module.custom_kernel(data), data).ok
 
 
 @pytest.mark.gpu
@@ -281,3 +336,198 @@ def test_path_passes_the_local_leaderboard_on_gpu(exported, name):
     assert len(report.bench) == 3 and report.geomean_us > 0
     if name in CUDA_PATHS:
         assert report.backend.startswith("CuTe DSL")
+
+
+@pytest.mark.cute
+def test_cute_file_without_tvm_ffi_compiles_for_the_plain_call(exported):
+    """apache-tvm-ffi hidden in the interpreter without nvfp4lib: the file still builds its kernels."""
+    expression = ("(submission.sys.modules.__setitem__('tvm_ffi', None), submission.has_tvm_ffi(), "
+                  "type(submission.compile_gemv('fast', 'sm_100a')).__name__)[1:]")
+    (ok, value), = import_isolated([exported["cute_fast"]], expression).values()
+    assert ok, value
+    assert ast.literal_eval(value) == (False, "CudaDialectJitCompiledFunction")
+
+
+# ---------------------------------------------------------------------------------------------
+# The self-check and the fallback (the runtime code the files inline, run in the package)
+
+
+def test_self_check_input_covers_every_code_and_signed_scales():
+    for m, k, l in submission.SELF_CHECK_SHAPES:
+        for signed in (True, False):
+            data = submission.self_check_input(m, k, l, "cpu", signed)
+            assert validate_gemv_input(data) == (m, k, l)
+            a, b, sfa, sfb, sfa_p, sfb_p, _ = data
+            for codes in (unpack_fp4(a[:, :, 0]), unpack_fp4(b[0, :, 0])):  # the vector is row 0
+                assert set(codes[..., 0::2].unique().tolist()) == set(range(16))  # low nibbles
+                assert set(codes[..., 1::2].unique().tolist()) == set(range(16))  # high nibbles
+            scales = torch.cat([sfa.float().flatten(), sfb[0].float().flatten()])
+            assert ((scales < 0).any().item(), (scales > 0).any().item(), (scales == 0).any().item()) == \
+                (signed, True, True)
+            assert torch.equal(sfa_p.view(torch.uint8), to_permuted(sfa).view(torch.uint8))
+            assert torch.equal(sfb_p.view(torch.uint8), to_permuted(sfb).view(torch.uint8))
+
+
+def _ignores_sign(data):
+    """A plausible bug: the emulation on |A| (sign bits of the codes cleared)."""
+    a = data[0].view(torch.uint8) & 0x77
+    return scaled_mm.gemv_scaled_mm_permuted((a.view(torch.float4_e2m1fn_x2), *data[1:]))
+
+
+def test_self_check_catches_a_wrong_kernel_and_passes_a_right_one():
+    assert submission.self_check(scaled_mm.gemv_scaled_mm_permuted, "cpu") is None
+    assert submission.self_check(_ignores_sign, "cpu").startswith("wrong result at (m, k, l) = (128, 256, 2)")
+    assert submission.self_check(lambda data: data[6], "cpu").startswith("wrong result")  # c left as poisoned
+
+
+@pytest.fixture
+def fake_paths(monkeypatch):
+    """Replace build_path with a table: name -> kernel (a callable, or an exception raised when building)."""
+    table = {}
+
+    def build(name):
+        kernel = table[name]
+        if isinstance(kernel, Exception):
+            raise kernel
+        return f"fake {name}", kernel, True
+
+    monkeypatch.setattr(submission, "build_path", build)
+    return table
+
+
+def test_a_failing_build_falls_back_with_one_line(fake_paths, capsys):
+    fake_paths.update(first=RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation\nmore"),
+                      second=scaled_mm.gemv_scaled_mm_permuted)
+    namespace = {}
+    kernel = SelfCheckedKernel(["first", "second"], namespace, device="cpu")
+    assert capsys.readouterr().err.splitlines() == [
+        "self-check: first failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
+        "using second instead", "self-check ok: second on cpu"]
+    assert (kernel.name, namespace["BACKEND"]) == ("second", "fake second")
+
+
+def test_a_wrong_result_falls_back(fake_paths, capsys):
+    fake_paths.update(sign_bug=_ignores_sign, right=scaled_mm.gemv_scaled_mm_permuted)
+    kernel = SelfCheckedKernel(["sign_bug", "right"], {}, device="cpu")
+    first, last = capsys.readouterr().err.splitlines()
+    assert first.startswith("self-check: sign_bug failed (wrong result at (m, k, l) = (128, 256, 2): ")
+    assert first.endswith("; using right instead") and last == "self-check ok: right on cpu"
+    assert kernel.name == "right"
+
+
+def test_a_failing_first_call_falls_back_and_later_calls_go_straight_to_the_kernel(fake_paths, capsys):
+    calls = []
+
+    def breaks_on_its_first_real_call(data):
+        calls.append(data[0].shape)
+        if len(calls) > len(submission.SELF_CHECK_SHAPES):  # the self-check passes, the real call does not
+            raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
+        return scaled_mm.gemv_scaled_mm_permuted(data)
+
+    fake_paths.update(flaky=breaks_on_its_first_real_call, steady=scaled_mm.gemv_scaled_mm_permuted)
+    namespace = {}
+    namespace["KERNEL"] = SelfCheckedKernel(["flaky", "steady"], namespace, device="cpu")
+    assert capsys.readouterr().err.splitlines() == ["self-check ok: flaky on cpu"]
+    data = generate_input(256, 512, 2, seed=5)
+    poison_(data[6])
+    assert check(namespace["KERNEL"](data), data).ok
+    assert capsys.readouterr().err.splitlines() == [
+        "first call: flaky failed (RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU); using steady instead",
+        "self-check ok: steady on cpu"]
+    assert namespace["KERNEL"] is scaled_mm.gemv_scaled_mm_permuted  # no wrapper left on the hot path
+    assert namespace["BACKEND"] == "fake steady"
+
+
+def test_an_input_error_on_the_first_call_is_the_callers(fake_paths, capsys):
+    fake_paths.update(only=scaled_mm.gemv_scaled_mm_permuted)
+    namespace = {}
+    namespace["KERNEL"] = kernel = SelfCheckedKernel(["only"], namespace, device="cpu")
+    with pytest.raises(NVFP4InputError, match="data: expected a 7-tuple"):
+        namespace["KERNEL"]((1, 2))
+    assert namespace["KERNEL"] is kernel and kernel.name == "only"  # nothing fell back
+    data = generate_input(128, 256, 1, seed=6)
+    assert check(namespace["KERNEL"](data), data).ok and namespace["KERNEL"] is scaled_mm.gemv_scaled_mm_permuted
+
+
+def test_when_every_path_fails_the_file_imports_and_the_call_says_why(fake_paths, capsys):
+    fake_paths.update(one=RuntimeError("no"), two=_ignores_sign)
+    kernel = SelfCheckedKernel(["one", "two"], {}, device="cpu")
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "self-check: one failed (RuntimeError: no); no path is left: custom_kernel will raise"
+    assert err[1].startswith("self-check: two failed (wrong result") and len(err) == 2
+    with pytest.raises(RuntimeError, match="no GEMV path passed its self-check"):
+        kernel(generate_input(128, 256, 1))
+
+
+def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch, capsys):
+    """The real path: a machine that looks like a B200 with the DSL, where compiling fails."""
+    caps = dataclasses.replace(device.capabilities(), cuda=True, name="NVIDIA B200", sm=(10, 0), cute_dsl=True,
+                               cute_arch="sm_100a", hw_e2m1=True)
+    monkeypatch.setattr(submission, "capabilities", lambda: caps)
+    monkeypatch.setattr(cute_gemv, "capabilities", lambda: caps)
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation")
+
+    monkeypatch.setattr(cute_gemv, "compile_gemv", fails)
+    cute_gemv._compiled.cache_clear()
+    try:
+        kernel = SelfCheckedKernel(submission.PATHS["hybrid"].candidates, {}, device="cpu")
+    finally:
+        cute_gemv._compiled.cache_clear()
+    err = capsys.readouterr().err.splitlines()
+    assert err[-2] == ("self-check: cute failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
+                       "using scaled_mm instead")
+    assert err[-1] == "self-check ok: scaled_mm on cpu" and kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
+
+
+def test_fail_path_is_checked_and_written_into_the_file(tmp_path):
+    with pytest.raises(ExportError, match=r"--fail-path 'nope': not a path of 'hybrid' \(its paths: cute, scaled_mm\)"):
+        export_source("hybrid", fail=("nope",))
+    with pytest.raises(ExportError, match="'scaled_mm_permuted' has no fallback"):
+        export_source("scaled_mm_permuted", fail=("cute",))
+    text = export_source("hybrid", fail=("scaled_mm",))
+    assert "KERNEL = SelfCheckedKernel(['cute', 'scaled_mm'], globals(), fail=('scaled_mm',))" in text
+    assert "`python -m nvfp4lib.submission --path hybrid --fail-path scaled_mm`" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the CuTe kernel would pass")
+def test_file_whose_every_path_fails_imports_and_raises_when_called(tmp_path, capsys):
+    path = write_submission("hybrid", tmp_path / "broken.py", fail=("scaled_mm",))
+    module = load_submission(path)
+    assert module.BACKEND == "no path passed its self-check"
+    assert "self-check: scaled_mm failed (RuntimeError: made to fail on purpose (exported with --fail-path))" \
+        in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="no GEMV path passed its self-check"):
+        module.custom_kernel(generate_input(128, 256, 1))
+
+
+MACHINES = {
+    "cpu": dict(cuda=False, name="cpu", sm=None, fp4_gemm=False, cute_dsl=True, cute_arch=None),
+    "hopper": dict(cuda=True, name="NVIDIA H200", sm=(9, 0), fp4_gemm=False, cute_dsl=True, cute_arch="sm_90a"),
+    "hopper, no DSL": dict(cuda=True, name="NVIDIA H200", sm=(9, 0), fp4_gemm=False, cute_dsl=False,
+                           cute_arch="sm_90a"),
+    "blackwell": dict(cuda=True, name="NVIDIA B200", sm=(10, 0), fp4_gemm=True, cute_dsl=True, cute_arch="sm_100a"),
+    "blackwell, no DSL": dict(cuda=True, name="NVIDIA B200", sm=(10, 0), fp4_gemm=True, cute_dsl=False,
+                              cute_arch="sm_100a"),
+}
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="building the CuTe path would compile for this GPU")
+@pytest.mark.parametrize("machine", MACHINES)
+def test_dispatcher_and_exported_files_follow_one_order(machine, monkeypatch):
+    """Where nothing is measured or forced, the dispatcher's choice is the first candidate of the
+    hybrid file that can run there, and both run the same function."""
+    caps = dataclasses.replace(device.capabilities(), **MACHINES[machine])
+    monkeypatch.setattr(submission, "capabilities", lambda: caps)
+    decision = dispatch.choose((4096, 7168, 8), caps=caps)
+    runnable = []
+    for name in PATHS["hybrid"].candidates:
+        try:
+            submission.build_path(name)  # compiles nothing here: this machine has no GPU to compile for
+        except RuntimeError:
+            continue
+        runnable.append(name)
+    assert decision.path == runnable[0]
+    if decision.path == "scaled_mm":
+        assert submission.build_path("scaled_mm")[1] is dispatch.PATHS["scaled_mm"].make()
