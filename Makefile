@@ -1,7 +1,7 @@
 # nvfp4 workbook: one entry point for setting up, testing and reproducing.
 #
-#   make test        run every test, notebooks included (small mode)
-#   make reproduce   execute all notebooks in full mode: build/notebooks/, figures/
+#   make test        run every test, notebooks included (small mode; 01 and 02 in full mode too)
+#   make reproduce   execute every notebook: full mode on a GPU, small mode on a CPU
 #
 # With PYTHON unset, a .venv is created and the project installed into it on first use.
 # With PYTHON set (e.g. `make reproduce PYTHON=python3` on an offline GPU node), that
@@ -12,10 +12,13 @@ SHELL := /bin/bash
 
 PYTHON ?=
 TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
 VENV ?= .venv
 PYTEST_ARGS ?=
 NOTEBOOK_ARGS ?=
 BUILD_DIR := build
+# Every target imports nvfp4lib from this checkout, also with PYTHON=<an interpreter without it installed>.
+export PYTHONPATH := $(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 ifeq ($(strip $(PYTHON)),)
 PY := $(VENV)/bin/python
@@ -31,25 +34,26 @@ help: ## show this help
 	@echo "Targets:"
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=<interpreter> uses an existing environment (installs nothing);"
-	@echo "           TORCH_VERSION=$(TORCH_VERSION) (first install only), PYTEST_ARGS, NOTEBOOK_ARGS, BENCH_ARGS"
+	@echo "           TORCH_VERSION=$(TORCH_VERSION), TORCH_INDEX=<pip index for torch> (first install only),"
+	@echo "           PYTEST_ARGS, NOTEBOOK_ARGS (e.g. --only 04, --small, --full), BENCH_ARGS"
 
 # The virtual environment. torch is installed first and pinned, so that the `torch>=2.8`
 # requirement is already met and pip does not pick a multi-GB CUDA build on a CPU machine;
 # an environment that already has torch keeps it.
 $(VENV)/.installed: pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
-	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install "torch==$(TORCH_VERSION)"
+	$(VENV)/bin/python -c "import torch" 2>/dev/null || $(VENV)/bin/python -m pip install "torch==$(TORCH_VERSION)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(VENV)/bin/python -m pip install -e ".[dev,cute]"
 	touch $@
 
-test: $(SETUP) ## run all tests, notebooks included (small mode)
+test: $(SETUP) ## run all tests, notebooks included (small mode; 01 and 02 also in full mode)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-reproduce: $(SETUP) ## execute notebooks/*.ipynb in order, full mode -> build/notebooks/, figures/
+reproduce: $(SETUP) ## execute every notebook -> build/notebooks/: full mode on a GPU (figures/), small on a CPU (build/figures/)
 	$(PY) tools/run_notebooks.py --out $(BUILD_DIR)/notebooks $(NOTEBOOK_ARGS)
 
-lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the project's kernel registered
-	$(PY) -m ipykernel install --user --name nvfp4 --display-name "Python (nvfp4)"
+lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" (this checkout's nvfp4lib) registered
+	$(PY) -m ipykernel install --user --name nvfp4 --display-name "Python (nvfp4)" --env PYTHONPATH "$(CURDIR)"
 	$(PY) -m jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ---- Further targets go here, one block each, declared .PHONY, depending on $(SETUP) and
@@ -64,14 +68,14 @@ bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<dev
 bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel, leaderboard and host time; streaming-read ceiling)
 	$(PY) -m nvfp4lib.cute_bench
 
-calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json
-	$(PY) -c "from nvfp4lib import dispatch; from nvfp4lib.paths import BUILD_DIR; BUILD_DIR.mkdir(exist_ok=True); dispatch.calibrate(); print(dispatch.save_table(BUILD_DIR / 'dispatch_table.json'))"
+calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json (skips without a GPU)
+	$(PY) tools/calibrate.py
 
 # ---- submission: the leaderboard submission file ---------------------------------------
 SUBMISSION ?= hybrid
 .PHONY: submission
 submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: python -m nvfp4lib.submission --list) to build/submission.py and check it
-	$(PY) -m nvfp4lib.submission --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py
+	$(PY) -m nvfp4lib.submission --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py --force
 	$(PY) -m nvfp4lib.evaluate $(BUILD_DIR)/submission.py
 
 # ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
@@ -79,6 +83,11 @@ SANITIZE_ARGS ?=
 .PHONY: sanitize
 sanitize: $(SETUP) ## compute-sanitizer memcheck + racecheck of the CuTe kernels (GPU; says why and skips elsewhere)
 	$(PY) tools/sanitize.py $(SANITIZE_ARGS)
+
+# ---- blackwell-check: what only a B200 can check ----------------------------------------
+.PHONY: blackwell-check
+blackwell-check: $(SETUP) ## on a B200: sm100 + GPU tests, hardware FP4 decode vs its model, notebooks 03/04 (full), local leaderboard on the hybrid export and its fallback -> build/blackwell_report.md (elsewhere: says what it would run)
+	$(PY) tools/blackwell_check.py
 
 clean: ## remove build outputs and caches (keeps .venv and figures/)
 	rm -rf $(BUILD_DIR) .pytest_cache .hypothesis

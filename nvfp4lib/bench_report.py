@@ -28,7 +28,7 @@ COLUMNS = (
     "kernel_us", "kernel_p10_us", "kernel_p90_us", "kernel_reps",
     "leaderboard_us", "leaderboard_p10_us", "leaderboard_p90_us", "leaderboard_reps", "host_us",
     "kernel_gbps", "leaderboard_gbps", "kernel_pct_of_copy", "leaderboard_pct_of_copy", "max_abs_err",
-    "timing", "copy_gbps", "reduction_gbps", "device_slug", "quick", "date",
+    "timing", "copy_gbps", "reduction_gbps", "device_slug", "quick", "date", "commit",
     *(f"env_{f}" for f in ENV_FIELDS),
 )
 """CSV columns. status: ok | inexact (outside rtol = atol = 1e-3, still timed) | error (raised) | skipped (not on this device).
@@ -68,7 +68,7 @@ def write_csv(rows: list[dict], path: Path | str) -> None:
 
 
 _INT_COLUMNS = {"m", "k", "l", "bytes", "kernel_reps", "leaderboard_reps"}
-_TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "timing", "device_slug", "date",
+_TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "timing", "device_slug", "date", "commit",
                  *(f"env_{f}" for f in ENV_FIELDS)}
 
 
@@ -187,19 +187,15 @@ def geomean_table(rows: list[dict]) -> str:
 
 # ------------------------------------------------------------------------------ figures
 
-_PEER_GREYS = ("0.25", "0.5", "0.7", "0.85")
 
+def _colors(timed: list[dict]) -> dict[str, str]:
+    """The paths drawn, nvfp4lib's before the peers, each with its colour from
+    nvfp4lib.plots.path_color: the same in every figure and on every machine (peers are greys)."""
+    from nvfp4lib.plots import path_color
 
-def _colors(timed: list[dict]) -> dict[str, object]:
-    """One colour per path, the same in both figures: colours for nvfp4lib paths, greys for peers."""
-    import matplotlib
-
-    ours = list(dict.fromkeys(r["path"] for r in timed if r["kind"] != "peer"))
-    theirs = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
-    palette = matplotlib.colormaps["tab10"]
-    colors = {n: palette(i % 10) for i, n in enumerate(ours)}
-    colors.update({n: _PEER_GREYS[i % len(_PEER_GREYS)] for i, n in enumerate(theirs)})
-    return colors
+    ours = [r["path"] for r in timed if r["kind"] != "peer"]
+    theirs = [r["path"] for r in timed if r["kind"] == "peer"]
+    return {n: path_color(n) for n in dict.fromkeys(ours + theirs)}
 
 
 def _device_title(rows: list[dict]) -> str:

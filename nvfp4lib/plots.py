@@ -1,14 +1,20 @@
-"""Matplotlib setup and figure saving shared by the notebooks.
+"""Matplotlib setup, figure saving, and where each figure came from.
 
 Figures are committed artifacts, so they are written under stable names at a fixed size and dpi,
-without the matplotlib version stamp, and re-running a notebook overwrites them in place.
+without the matplotlib version stamp. A committed figure must say which machine and run made it,
+and a run on a weaker machine must never replace it: only a full-mode run on the device that made
+the committed figures (or any GPU while figures/ has none) writes into figures/ and records the
+figure in figures/INDEX.md. Every other run (a CPU, small mode, another GPU, an interactive session
+that did not declare its mode) writes into build/figures/ and says so.
 """
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import sys
+import zlib
 from pathlib import Path
 
 import matplotlib
@@ -22,23 +28,165 @@ if (
 ):
     matplotlib.use("Agg")
 
-from nvfp4lib.paths import figures_dir  # noqa: E402
+from nvfp4lib import paths  # noqa: E402
 
 DPI = 110
+INDEX_NAME = "INDEX.md"
+INDEX_COLUMNS = ("figure", "notebook", "device", "commit", "date", "mode")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+_INDEX_HEADER = """# Figures
+
+Every PNG committed in this folder, with the run that made it. Rows are written by
+`nvfp4lib.plots.save_figure` when a full-mode run on a GPU saves a figure here; runs on a CPU, in
+small mode or on another device write to build/figures/ instead and leave this folder alone.
+
+"""
+
+_mode: str | None = None  # "small" / "full", declared by resolve_small (or declare_mode)
+
+
+def resolve_small(small: bool | None) -> bool:
+    """A notebook's `small` parameter made definite (None: small on a CPU, full on a GPU).
+
+    The answer is remembered as the run's mode, so that the figures of this run go where a run of
+    that mode belongs and the index records it."""
+    if small is None:
+        from nvfp4lib.device import capabilities
+
+        small = not capabilities().cuda
+    declare_mode("small" if small else "full")
+    return bool(small)
+
+
+def declare_mode(mode: str) -> None:
+    """Say what kind of run saves the next figures: "full" (eligible for figures/) or another word."""
+    global _mode
+    _mode = mode
+
+
+def _device_name() -> str:
+    from nvfp4lib.device import capabilities
+
+    caps = capabilities()
+    return caps.name if caps.cuda else "CPU"
+
+
+def read_index(directory: Path | None = None) -> dict[str, dict[str, str]]:
+    """figures/INDEX.md as {figure file name: row}; empty if there is no index."""
+    path = (directory or paths.COMMITTED_FIGURES_DIR) / INDEX_NAME
+    if not path.exists():
+        return {}
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == len(INDEX_COLUMNS) and cells[0].endswith(".png"):
+            rows[cells[0]] = dict(zip(INDEX_COLUMNS, cells))
+    return rows
+
+
+def _write_index(rows: dict[str, dict[str, str]], directory: Path) -> None:
+    lines = ["| " + " | ".join(INDEX_COLUMNS) + " |", "|" + "---|" * len(INDEX_COLUMNS)]
+    lines += ["| " + " | ".join(rows[name][c] for c in INDEX_COLUMNS) + " |" for name in sorted(rows)]
+    (directory / INDEX_NAME).write_text(_INDEX_HEADER + "\n".join(lines) + "\n")
+
+
+def committed_device() -> str | None:
+    """The device that made the committed figures (None if figures/ has no index yet)."""
+    return next((row["device"] for row in read_index().values()), None)
+
+
+def figure_destination() -> tuple[Path, str]:
+    """(folder, why) for the figures of this run; see the module docstring for the rule."""
+    override = os.environ.get(paths.FIGURES_ENV_VAR)
+    if override:
+        return Path(override).expanduser().resolve(), f"{paths.FIGURES_ENV_VAR} is set"
+    device, committed = _device_name(), committed_device()
+    if _mode == "full" and device != "CPU" and committed in (None, device):
+        return paths.COMMITTED_FIGURES_DIR, f"full run on {device}"
+    run = f"{_mode} run" if _mode else "run of undeclared mode"
+    return paths.BUILD_FIGURES_DIR, (f"{run} on {device}; the committed figures come from full runs on "
+                                     f"{committed or 'a GPU'}, so they are left as they are")
+
+
+def _notebook_of(name: str) -> str:
+    """The notebook that draws figure `name`, from its number prefix ("01_..." -> 01_fp4_quantization)."""
+    found = sorted(paths.NOTEBOOKS_DIR.glob(name.split("_")[0] + "_*.ipynb"))
+    return found[0].stem if found else "-"
+
+
+_said: set[Path] = set()
 
 
 def save_figure(fig, name: str) -> Path:
-    """Write ``fig`` to ``<figures dir>/<name>.png`` and return the path.
+    """Write ``fig`` as ``<name>.png`` where this run's figures belong and return the path.
 
     ``name`` is a stem such as ``"01_e2m1_grid"`` (no folder, no extension): notebooks and the
-    README refer to figures by these names, so they must not depend on run order or time.
+    README refer to figures by these names, so they must not depend on run order or time. Prints
+    one line naming the file; the first time a folder is used, also why this folder.
     """
     if not _NAME.match(name) or name.lower().endswith(".png"):
         raise ValueError(f"figure name must be a plain stem like '01_e2m1_grid', got {name!r}")
-    out_dir = figures_dir()
+    out_dir, why = figure_destination()
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.png"
     fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
+    if out_dir == paths.COMMITTED_FIGURES_DIR:
+        rows = read_index()
+        rows[path.name] = {"figure": path.name, "notebook": _notebook_of(name), "device": _device_name(),
+                           "commit": paths.checkout_commit(), "date": datetime.date.today().isoformat(), "mode": _mode}
+        _write_index(rows, out_dir)
+    if out_dir not in _said:
+        _said.add(out_dir)
+        print(f"figures of this run go to {_shown(out_dir)}/ ({why})")
+    print(f"saved {_shown(path)}")
     return path
 
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.relative_to(paths.REPO_ROOT))
+    except ValueError:
+        return str(path)
+
+
+# ------------------------------------------------------------------------------ colours
+
+# One colour per kernel path, the same in every figure and on every machine. Keys are path names
+# normalised by `path_key`, so "cute-fast" (the suite), "cute_fast" (a submission file) and "cute"
+# (the dispatcher's name for the same kernel) share one colour. Families share a hue: CuTe blues,
+# torch._scaled_mm reds and oranges, the entry points green and purple, peers greys.
+PATH_COLORS = {
+    "cute_fast": "#1f77b4",
+    "cute_naive": "#aec7e8",
+    "cute_graph": "#17becf",
+    "scaled_mm_reference": "#d62728",
+    "scaled_mm_permuted": "#ff7f0e",
+    "scaled_mm_transposed": "#8c564b",
+    "scaled_mm_functional": "#e377c2",
+    "scaled_mm_streams": "#ffbb78",
+    "scaled_mm_graph": "#bcbd22",
+    "dispatch": "#2ca02c",
+    "hybrid": "#9467bd",
+    "reference": "#c49c94",
+    "peer_eager": "#404040",
+    "peer_compiled": "#808080",
+    "peer_bf16": "#b3b3b3",
+}
+_PATH_ALIASES = {"cute": "cute_fast", "scaled_mm": "scaled_mm_permuted"}  # nvfp4lib.dispatch's names
+# Names outside PATH_COLORS get a colour from another palette, picked by a checksum of the name.
+_FALLBACK_COLORS = tuple(matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20b"].colors)
+
+
+def path_key(name: str) -> str:
+    """A path name in one spelling: lower case, '_' for '-', the dispatcher's short names expanded."""
+    key = name.strip().lower().replace("-", "_")
+    return _PATH_ALIASES.get(key, key)
+
+
+def path_color(name: str) -> str:
+    """The colour of path `name` (hex): fixed for the workbook's paths, else chosen from the name
+    alone, so it never depends on which other paths a figure draws or in what order."""
+    key = path_key(name)
+    if key in PATH_COLORS:
+        return PATH_COLORS[key]
+    return _FALLBACK_COLORS[zlib.crc32(key.encode()) % len(_FALLBACK_COLORS)]

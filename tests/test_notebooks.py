@@ -1,15 +1,19 @@
-"""Every numbered notebook is committed clean and runs end to end in small mode.
+"""Every numbered notebook is committed clean and runs end to end in small mode; those whose full
+mode needs no GPU (FULL_MODE_ON_CPU) run in full mode too.
 
 Notebooks are discovered, so a new one is covered without editing this file. Execution goes
 through the same runner as `make reproduce`; figures and executed copies go to a temporary folder.
 """
+
+import re
+from pathlib import Path
 
 import nbformat
 import pytest
 from papermill.translators import PythonTranslator
 
 from nvfp4lib.paths import FIGURES_ENV_VAR
-from tools.run_notebooks import NotebookFailed, discover, run_notebook
+from tools.run_notebooks import FULL_MODE_ON_CPU, NotebookFailed, discover, run_notebook
 
 NOTEBOOKS = discover()
 CELL_TIMEOUT_S = 300  # generous per cell; the whole notebook is expected to take well under a minute
@@ -30,11 +34,32 @@ def test_committed_clean(path):
                          "(write `name = value  # comment`, with no '=' in the comment)")
 
 
+def _run(path, tmp_path, monkeypatch, small: bool) -> None:
+    monkeypatch.setenv(FIGURES_ENV_VAR, str(tmp_path / "figures"))
+    try:
+        run_notebook(path, tmp_path / path.name, small=small, timeout=CELL_TIMEOUT_S)
+    except NotebookFailed as err:
+        pytest.fail(str(err), pytrace=False)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_runs_in_small_mode(path, tmp_path, monkeypatch):
-    monkeypatch.setenv(FIGURES_ENV_VAR, str(tmp_path / "figures"))
-    try:
-        run_notebook(path, tmp_path / path.name, small=True, timeout=CELL_TIMEOUT_S)
-    except NotebookFailed as err:
-        pytest.fail(str(err), pytrace=False)
+    _run(path, tmp_path, monkeypatch, small=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name in FULL_MODE_ON_CPU], ids=lambda p: p.stem)
+def test_runs_in_full_mode(path, tmp_path, monkeypatch):
+    _run(path, tmp_path, monkeypatch, small=False)
+
+
+def test_kernelspec_is_the_one_make_lab_registers():
+    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
+    registered = re.search(r"ipykernel install --user --name (\S+)", makefile).group(1)
+    for path in NOTEBOOKS:
+        assert nbformat.read(path, as_version=4).metadata["kernelspec"]["name"] == registered, path.name
+
+
+def test_full_mode_list_names_notebooks():
+    assert set(FULL_MODE_ON_CPU) <= {p.name for p in NOTEBOOKS}

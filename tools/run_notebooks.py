@@ -4,6 +4,10 @@
 Each notebook runs in a fresh kernel of this interpreter with notebooks/ as working directory, so
 relative paths in a notebook behave as in JupyterLab. The executed copy (outputs, or the traceback
 on failure) is written to --out; a re-run overwrites it.
+
+Mode: `--small` and `--full` set every notebook's `small` parameter; without either it is left to
+the notebook (small on a CPU, full on a GPU). Figures of full GPU runs replace the committed ones in
+figures/ (and figures/INDEX.md); every other run writes them to build/figures/ (nvfp4lib.plots).
 """
 
 import argparse
@@ -18,6 +22,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 DEFAULT_OUT = REPO_ROOT / "build" / "notebooks"
+# Notebooks whose full mode needs no GPU and takes seconds on a 2-core CPU: the tests run them in
+# full mode too, so that full-mode-only code is checked without a GPU.
+FULL_MODE_ON_CPU = ("01_fp4_quantization.ipynb", "02_scale_swizzling.ipynb")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
@@ -88,7 +95,10 @@ def run_notebook(path: Path, out_path: Path, *, small: bool | None = None, seed:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--small", action="store_true", help="force small mode (small=True); default small=None: auto")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--small", action="store_true", help="force small mode (small=True)")
+    mode.add_argument("--full", action="store_true",
+                      help="force full mode (small=False); default: auto, small on a CPU and full on a GPU")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for executed copies (default build/notebooks)")
     ap.add_argument("--only", metavar="PATTERN", default="*", help="run only notebooks matching a glob or substring")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default 1800)")
@@ -104,16 +114,20 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         print(f"no notebook in {NOTEBOOKS_DIR} matches {args.only!r}", file=sys.stderr)
         return 2
+    mode = "small" if args.small else "full" if args.full else "auto (small on a CPU, full on a GPU)"
+    print(f"{len(notebooks)} notebooks, mode {mode}, into {args.out}", flush=True)
+    t0 = time.perf_counter()
     for i, path in enumerate(notebooks, 1):
         print(f"[{i}/{len(notebooks)}] {path.name} ... ", end="", flush=True)
         start = time.perf_counter()
         try:
-            run_notebook(path, args.out / path.name, small=True if args.small else None,
+            run_notebook(path, args.out / path.name, small=True if args.small else (False if args.full else None),
                          seed=args.seed, timeout=args.timeout)
         except NotebookFailed as err:
             print(f"FAILED ({time.perf_counter() - start:.1f} s)\n{err}", flush=True)
             return 1
         print(f"ok ({time.perf_counter() - start:.1f} s)", flush=True)
+    print(f"{len(notebooks)} of {len(notebooks)} notebooks passed in {time.perf_counter() - t0:.1f} s", flush=True)
     return 0
 
 

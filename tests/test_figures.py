@@ -1,0 +1,91 @@
+"""Where figures go and how figures/INDEX.md records them (nvfp4lib.plots).
+
+A run may replace the committed figures only in full mode on a GPU that is the device of the
+committed figures; every other run writes to build/figures/. The index has one row per committed PNG.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from nvfp4lib import paths, plots  # noqa: E402
+
+
+@pytest.fixture
+def repo(tmp_path, monkeypatch):
+    """A throw-away repository layout with the committed-figures folder and the build folder."""
+    monkeypatch.delenv(paths.FIGURES_ENV_VAR, raising=False)
+    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(paths, "COMMITTED_FIGURES_DIR", tmp_path / "figures")
+    monkeypatch.setattr(paths, "BUILD_FIGURES_DIR", tmp_path / "build" / "figures")
+    monkeypatch.setenv(paths.COMMIT_ENV_VAR, "0123456789abcdef")
+    monkeypatch.setattr(plots, "_said", set())
+    (tmp_path / "figures").mkdir()
+    yield tmp_path
+    plots.declare_mode(None)
+
+
+def _save(name="01_example"):
+    fig, ax = plt.subplots(figsize=(1, 1))
+    ax.plot([0, 1])
+    try:
+        return plots.save_figure(fig, name)
+    finally:
+        plt.close(fig)
+
+
+def test_cpu_run_never_touches_committed_figures(repo, monkeypatch):
+    monkeypatch.setattr(plots, "_device_name", lambda: "CPU")
+    for mode in ("full", "small", None):
+        plots.declare_mode(mode)
+        path = _save()
+        assert path.parent == repo / "build" / "figures"
+    assert list((repo / "figures").iterdir()) == []
+
+
+def test_full_gpu_run_writes_committed_figure_and_index_row(repo, monkeypatch):
+    monkeypatch.setattr(plots, "_device_name", lambda: "NVIDIA H200")
+    plots.declare_mode("full")
+    path = _save("02_first")
+    _save("01_second")
+    assert path.parent == repo / "figures"
+    rows = plots.read_index()
+    assert sorted(rows) == ["01_second.png", "02_first.png"]
+    assert rows["02_first.png"]["device"] == "NVIDIA H200"
+    assert rows["02_first.png"]["mode"] == "full"
+    assert rows["02_first.png"]["commit"] == "0123456789ab"
+
+
+def test_small_or_other_device_goes_to_build(repo, monkeypatch):
+    monkeypatch.setattr(plots, "_device_name", lambda: "NVIDIA H200")
+    plots.declare_mode("full")
+    _save("01_kept")
+    before = (repo / "figures" / "INDEX.md").read_text()
+    plots.declare_mode("small")
+    assert _save("01_kept").parent == repo / "build" / "figures"
+    monkeypatch.setattr(plots, "_device_name", lambda: "NVIDIA B200")
+    plots.declare_mode("full")
+    assert _save("01_kept").parent == repo / "build" / "figures"
+    assert (repo / "figures" / "INDEX.md").read_text() == before
+
+
+def test_environment_override_wins(repo, monkeypatch):
+    monkeypatch.setenv(paths.FIGURES_ENV_VAR, str(repo / "elsewhere"))
+    plots.declare_mode("full")
+    assert _save().parent == repo / "elsewhere"
+
+
+def test_resolve_small_declares_the_mode(repo):
+    assert plots.resolve_small(True) is True and plots._mode == "small"
+    assert plots.resolve_small(False) is False and plots._mode == "full"
+
+
+def test_committed_index_lists_every_committed_png():
+    """The repository's own figures/: one index row per PNG, no row without a PNG."""
+    pngs = {p.name for p in paths.COMMITTED_FIGURES_DIR.glob("*.png")}
+    rows = plots.read_index()
+    assert set(rows) == pngs, f"unlisted: {sorted(pngs - set(rows))}, listed but missing: {sorted(set(rows) - pngs)}"
+    assert {r["mode"] for r in rows.values()} <= {"full"}
+    assert len({r["device"] for r in rows.values()}) <= 1, "committed figures come from one device"
