@@ -829,8 +829,8 @@ What is NOT isolated: this is not a sandbox. The submission can read and write o
 use the network, and start other processes (which can import {PACKAGE}); it runs with your
 permissions. Evaluate only code you would run yourself.
 
-Exit code: 0 for PASSED (or SKIPPED: a file that needs a CUDA GPU, on a machine without one),
-1 for FAILED, 2 for bad arguments, 130 when interrupted."""
+Exit code: 0 for PASSED only; 1 for FAILED, 2 for bad arguments, 3 for SKIPPED (a file that
+declares NEEDS_CUDA, on a machine without one: no verdict), 130 when interrupted."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -877,7 +877,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("FAILED: interrupted")
         return 130
-    return 0 if report.ok else 1
+    return 3 if report.skipped else (0 if report.ok else 1)
 
 
 if __name__ == "__main__":

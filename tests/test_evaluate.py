@@ -565,3 +565,14 @@ def test_benchmark_on_gpu_times_every_benchmark_shape(folder):
     assert [r.shape for r in report.bench] == [c.shape for c in report.cases]
     assert report.copy_gbps > 0 and report.geomean_us > 0
     assert all(r.bandwidth_gbps > 0 and r.percent_of_copy > 0 for r in report.bench)
+
+
+def test_a_skipped_file_does_not_exit_0(folder):
+    """Exit 0 means PASSED, nothing else: a file that needs CUDA, on a machine without it, gets 3."""
+    if torch.cuda.is_available():
+        pytest.skip("the file would run here")
+    path = folder / "needs_gpu.py"
+    path.write_text("NEEDS_CUDA = True\n\ndef custom_kernel(data):\n    return data[6]\n")
+    from nvfp4lib.evaluate import main
+
+    assert main([str(path), "--mode", "test"]) == 3
