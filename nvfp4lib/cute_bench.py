@@ -1,28 +1,32 @@
 """Check and time the CuTe DSL kernels on this GPU: ``python -m nvfp4lib.cute_bench``.
 
-One run measures the ceiling (a large device-to-device copy), checks every kernel
-variant against the reference on the test shapes and on extra shapes with the output
-poisoned first, then times each variant at the benchmark shapes both ways: kernel time
-(calls back to back) and leaderboard time (each call on its own, host cost included).
-Per shape it also times a pure streaming read of the same byte count the same way: the
-most any kernel that must read those bytes can reach under this timing (start-up and
-tail included), against which the GEMV's own time is judged as well.
+One run checks every kernel variant against the reference on the test shapes and on extra shapes
+(`harness.check_once`: the kernel gets a clone with c poisoned, its output is checked against the
+untouched input), then times each variant at the benchmark shapes three ways (`harness.measure`):
+kernel time (calls back to back, host cost hidden), leaderboard time (the leaderboard's own method:
+its flush enqueued right before each call, the mean until its stopping rule stops) and host-visible
+time (each call with the GPU idle: host cost included). In the same run it measures the
+streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the best of a CuTe, a
+Triton and a PyTorch read, `StreamRead` below being the CuTe one), against which each kernel is
+judged: "% of best read" is the best read's time as a percentage of the kernel's, per measure.
+``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`bench_report.write_csv`).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import sys
 
 import torch
 
-from .bench import copy_bandwidth_gbps, gbps, percent, time_kernel, time_leaderboard
+from .bench import cell_text
+from .bench_report import write_csv
+from .ceilings import ceiling_table, percent_of_read, read_ceilings
 from .cute_gemv import CuteGemv, FastConfig, _current_stream, _ld_global_v4_if, cute
 from .device import capabilities
+from .harness import check_once, measure, timing_fields
 from .problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input
-from .reference import check, poison_
 
 try:  # CuTe DSL is optional (see cute_gemv)
     import cutlass
@@ -95,11 +99,8 @@ class StreamRead:
                                options="--enable-tvm-ffi")
         self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
 
-    def buffer(self, nbytes: int) -> torch.Tensor:
-        """Random bytes (never all zeros), rounded up to whole 16-byte vectors."""
-        return torch.randint(0, 256, (-(-nbytes // 16) * 16,), dtype=torch.uint8, device="cuda")
-
     def __call__(self, buf: torch.Tensor) -> None:
+        """Read `buf` (uint8, a whole number of 16-byte vectors, e.g. `ceilings.read_buffer`) once."""
         self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), _current_stream(buf.device.index))
 
 
@@ -115,58 +116,75 @@ def variants(configs):
         yield f"fast {text}", CuteGemv("fast", None if text == "default" else parse_config(text))
 
 
-def check_all(kernels, shapes, seed: int) -> bool:
+def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
+    """Check every computing kernel on full-range data at every shape (a line per check); True if all pass."""
     ok_all = True
     for shape in shapes:
-        data = generate_input(*shape, seed=seed, mode="full", device="cuda")
+        data = generate_input(*shape, seed=seed, mode="full", device=device)
         for name, kernel in kernels:
             if kernel.cfg is not None and not kernel.cfg.compute:
                 continue
-            poison_(data[-1])
-            result = check(kernel(data), data)
+            result = check_once(kernel, data)
             ok_all &= result.ok
             status = "ok" if result.ok else "FAIL " + result.message
             print(f"check {name:>12} {shape.m}x{shape.k}x{shape.l}: {status}", flush=True)
     return ok_all
 
 
-def time_all(kernels, shapes, ceiling: float, reps: int, flush: str = "write"):
+FLUSHES = {"write": None, "clean": "clean"}  # --flush -> harness.measure's flush (None: each measure's own)
+READ_FLUSH = {"write": "dirty", "clean": "clean"}  # --flush -> the reads timed after the same flush
+
+
+def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: list[dict] | None = None,
+             device: str = "cuda") -> list[dict]:
+    """Time every kernel at every shape -> rows in the benchmark CSV's schema (path "cute-<name>").
+
+    Each row has kernel, leaderboard and host-visible time (`harness.timing_fields`) and
+    kernel_pct_of_read / leaderboard_pct_of_read against the best streaming read of the same
+    bytes after the same flush. `reads` are `ceilings.read_ceilings` rows of these shapes; None
+    measures them here (they are not part of the returned rows). `flush` "write" times as the
+    leaderboard does (leaderboard time with its own flush); "clean" flushes without dirty lines.
+    `device` other than "cuda" is for testing the logic (wall clock)."""
+    if flush not in FLUSHES:
+        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
+    if reads is None:
+        reads = read_ceilings([("benchmark", s) for s in shapes], clean=flush == "clean", large=False,
+                              reps=reps, device=device, log=print)
     rows = []
-    reader = stream_reader()
     for shape in shapes:
-        data = generate_input(*shape, seed=1, mode="full", device="cuda")
+        data = generate_input(*shape, seed=1, mode="full", device=device)
         nbytes = bytes_moved(shape)
-        buf = reader.buffer(nbytes)
-        read = time_kernel(lambda: reader(buf), reps=reps, flush=flush)  # noqa: B023 (timed here, in this iteration)
-        read_pct = percent(gbps(nbytes, read.median_us), ceiling)
-        print(f"read  {shape.m}x{shape.k}x{shape.l}: streaming read of the same {nbytes / 1e6:.1f} MB "
-              f"{read.median_us:.2f} us ({read_pct:.1f} % of copy)", flush=True)
         for name, kernel in kernels:
+            kernel(data)  # compiles on first use, outside the timings
             n = reps if name != "naive" else max(3, reps // 20)
-            k = time_kernel(lambda: kernel(data), reps=n, flush=flush)
-            lb = time_leaderboard(lambda: kernel(data), reps=n, flush=flush)
-            rows.append(dict(
-                kernel=name, m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, flush=flush,
-                kernel_us=round(k.median_us, 2), kernel_pct=round(percent(gbps(nbytes, k.median_us), ceiling), 1),
-                read_us=round(read.median_us, 2), read_pct=round(read_pct, 1),
-                pct_of_read=round(100 * read.median_us / k.median_us, 1),
-                leaderboard_us=round(lb.median_us, 2), host_us=round(lb.host_us, 2),
-            ))
-            print("time  {kernel:>12} {m}x{k}x{l}: kernel {kernel_us} us ({kernel_pct} % of copy, {pct_of_read} % of "
-                  "the streaming read), leaderboard {leaderboard_us} us, host {host_us} us".format(**rows[-1]), flush=True)
+            timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=FLUSHES[flush])  # noqa: B023
+            computes = kernel.cfg is None or kernel.cfg.compute
+            note = f"flush {flush}" + ("" if computes else "; loads only: not checked")
+            row = dict(path="cute-" + name.replace(" ", "-"), kind="nvfp4lib", label=f"CuTe {name}",
+                       shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
+                       flush=READ_FLUSH[flush], **timing_fields(timings, nbytes))
+            row.update(percent_of_read(row, reads, READ_FLUSH[flush]))
+            rows.append(row)
+            print(f"time  {row['label']:>16} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
+                  f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
+                  f"{row['leaderboard_us']:.2f} +- {row['leaderboard_err_us']:.2f} us "
+                  f"({cell_text(row.get('leaderboard_pct_of_read'), '.1f')} %), host-visible "
+                  f"{row['host_visible_us']:.2f} us (host {cell_text(row['host_us'], '.1f')} us)", flush=True)
     return rows
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU..., or 'default'")
-    parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
-    parser.add_argument("--flush", nargs="+", default=["write"], choices=["write", "clean"],
+    parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),
                         help="L2 flush before each timed call: 'write' as the leaderboard (leaves dirty "
                              "lines whose write-back competes with the kernel), 'clean' (no write-back)")
-    parser.add_argument("--csv", help="write the timings here")
+    parser.add_argument("--csv", help="write the reads and the timings here (the benchmark CSV's columns)")
     args = parser.parse_args(argv)
+    if args.reps < 1:
+        parser.error(f"--reps: expected an integer >= 1, got {args.reps}")
 
     caps = capabilities()
     print(caps.summary())
@@ -175,15 +193,17 @@ def main(argv=None) -> int:
         return 0
     kernels = list(variants(args.configs))
     ok = args.no_check or check_all(kernels, TEST_SHAPES + EXTRA_SHAPES, seed=0)
-    ceiling = copy_bandwidth_gbps()
-    print(f"ceiling: device-to-device copy {ceiling:.0f} GB/s (read + write, 2 GiB)")
-    rows = [row for flush in args.flush for row in time_all(kernels, BENCHMARK_SHAPES, ceiling, args.reps, flush)]
+    reads = read_ceilings([("benchmark", s) for s in BENCHMARK_SHAPES], clean="clean" in args.flush,
+                          reps=args.reps, log=print)
+    print(ceiling_table(reads))
+    rows = [row for flush in args.flush for row in time_all(kernels, BENCHMARK_SHAPES, reps=args.reps, flush=flush,
+                                                            reads=reads)]
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]) + ["ceiling_gbps", "device"])
-            writer.writeheader()
-            for row in rows:
-                writer.writerow(dict(row, ceiling_gbps=round(ceiling), device=caps.name))
+        from .suite import context_fields  # the suite's CSV context (its imports are needed only here)
+
+        context = context_fields(caps, quick=False)
+        write_csv([dict(context, **row) for row in reads + rows], args.csv)
+        print(f"wrote {args.csv}")
     return 0 if ok else 1
 
 

@@ -1,9 +1,13 @@
 """Every GEMV path and its peers, side by side on this machine: ``python -m nvfp4lib.suite``.
 
-One run on the GPU it starts on measures the ceilings (a device-to-device copy and a read-only
-reduction), then, for each path that can run here, checks it once per shape against the float64
-reference with the output poisoned, and times it both ways (kernel time: calls back to back;
-leaderboard time: each call on its own, host cost included; the L2 is flushed before every call).
+One run on the GPU it starts on measures the ceilings: a 2 GiB device-to-device copy and read-only
+reduction, and per shape the streaming reads of exactly its bytes (nvfp4lib.ceilings, the best of
+several independent reads, under the same flush and timing; the "% of read" figures use the best).
+Then, for each path that can run here, it checks it once per shape against the exact reference
+(nvfp4lib.harness: the path gets a clone with c poisoned and is judged on the untouched input) and
+times it three ways (nvfp4lib.harness.measure): kernel time (calls back to back), leaderboard time
+(the leaderboard's own method: its flush right before each call, host cost hidden, the mean) and
+host-visible time (each call with the GPU idle, host cost included).
 The shapes are the three leaderboard benchmark shapes and a sweep of sizes, A from about 1 MB to
 about 256 MB at L = 1 and L = 4, wide enough to show where launch overhead stops mattering.
 
@@ -16,6 +20,7 @@ exercised; those numbers say nothing about speed, and the CSV and the figures sa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import fnmatch
 import gc
@@ -29,12 +34,15 @@ from typing import Callable, Iterable
 import torch
 
 from nvfp4lib import peers, scaled_mm
-from nvfp4lib.bench import copy_bandwidth_gbps, gbps, percent, reduction_bandwidth_gbps, time_kernel, time_leaderboard
+from nvfp4lib.bench import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
+from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.device import Capabilities, capabilities, environment_report
+from nvfp4lib.harness import check_bound, describe_error, measure as measure_timings, timing_fields
 from nvfp4lib.bench_report import (BENCH_DIR, CPU_NOTE, ENV_FIELDS, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, bytes_moved, generate_input
-from nvfp4lib.reference import check, poison_
+from nvfp4lib.paths import checkout_commit
+from nvfp4lib.plots import declare_mode
 
 
 # A codes of the sweep: 2**n elements per call = 2**(n-1) bytes (plus 1/8 for the scales).
@@ -191,21 +199,24 @@ class Plan:
 
     benchmark: list[Shape]
     sweep: list[Shape]
-    reps: int  # at most this many calls per timing
+    reps: int  # at most this many calls per kernel or host-visible timing
     min_reps: int  # at least this many, even for slow paths
     budget_s: float  # aim for about this much time per path, shape and timing mode
     cuda: bool
+    rule: StoppingRule = BENCHMARK_RULE  # when leaderboard time stops: the leaderboard's own rule on a full GPU run
 
     @staticmethod
     def for_machine(cuda: bool, quick: bool) -> "Plan":
         if cuda:
+            reps = 20 if quick else 100
             return Plan(list(BENCHMARK_SHAPES), sweep_shapes(GPU_QUICK_EXPONENTS if quick else GPU_SWEEP_EXPONENTS),
-                        reps=20 if quick else 100, min_reps=5 if quick else 10,
-                        budget_s=0.25 if quick else 0.5, cuda=True)
+                        reps=reps, min_reps=5 if quick else 10, budget_s=0.25 if quick else 0.5, cuda=True,
+                        rule=dataclasses.replace(BENCHMARK_RULE, max_calls=reps) if quick else BENCHMARK_RULE)
         factor = 16 if quick else 8
+        reps = 2 if quick else 3
         return Plan([scaled_down(s, factor) for s in BENCHMARK_SHAPES],
                     sweep_shapes(CPU_QUICK_EXPONENTS if quick else CPU_SWEEP_EXPONENTS),
-                    reps=2 if quick else 3, min_reps=1, budget_s=0.2, cuda=False)
+                    reps=reps, min_reps=1, budget_s=0.2, cuda=False, rule=StoppingRule(max_calls=reps, budget_s=0.2))
 
     def tasks(self) -> list[tuple[str, Shape]]:
         return [("benchmark", s) for s in self.benchmark] + [("sweep", s) for s in self.sweep]
@@ -224,6 +235,10 @@ def _first_line(text: str, limit: int = 160) -> str:
     return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
+def _warmup(reps: int) -> int:
+    return min(10, reps)
+
+
 def _reps_for(fn: Callable, plan: Plan) -> int:
     """As many calls as fit the time budget, between plan.min_reps and plan.reps."""
     start = time.perf_counter()
@@ -234,28 +249,23 @@ def _reps_for(fn: Callable, plan: Plan) -> int:
 
 
 def measure(path: BenchPath, data, plan: Plan) -> dict:
-    """Check one path on `data` once, then time it both ways; a row of the CSV (without context)."""
+    """Check one path once (on a clone of `data`, c poisoned, judged against `data`), then time
+    it on that clone three ways (nvfp4lib.harness.measure); a row of the CSV (without context)."""
     row: dict = {"status": "ok", "note": ""}
     try:
-        fn = path.bind(data)
-        poison_(data[6])
-        result = check(fn(), data)
+        result, fn = check_bound(path.bind, data)
     except Exception as e:  # noqa: BLE001 - a path that raises is reported, the suite goes on
-        return {"status": "error", "note": f"{type(e).__name__}: {_first_line(e)}"}
+        return {"status": "error", "note": describe_error(e, 160)}
     row["max_abs_err"] = result.max_abs_err
     if not result.ok:  # still timed: a peer's accuracy is part of the comparison
         row.update(status="inexact", note=_first_line(result.message.replace("\n", "; "), 300))
     try:
         reps = _reps_for(fn, plan)
-        warmup = min(10, reps)
-        timings = {"kernel": time_kernel(fn, warmup=warmup, reps=reps),
-                   "leaderboard": time_leaderboard(fn, warmup=warmup, reps=reps)}
+        a = data[0]
+        nbytes = bytes_moved(Shape(a.shape[0], 2 * a.shape[1], a.shape[2]))
+        row.update(timing_fields(measure_timings(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
     except Exception as e:  # noqa: BLE001
-        return dict(row, status="error", note=f"while timing: {type(e).__name__}: {_first_line(e)}")
-    for mode, t in timings.items():
-        row.update({f"{mode}_us": t.median_us, f"{mode}_p10_us": t.p10_us, f"{mode}_p90_us": t.p90_us,
-                    f"{mode}_reps": t.n})
-    row["host_us"] = timings["leaderboard"].host_us
+        return dict(row, status="error", note=f"while timing: {describe_error(e, 160)}")
     if row["status"] == "inexact":
         return row
     if path.describe is not None:
@@ -295,12 +305,19 @@ class _Progress:
             self.bar.close()
 
 
-def _add_bandwidth(row: dict, copy: float) -> None:
+def _add_ceilings(row: dict, copy: float, reads: list[dict]) -> None:
+    """% of the copy bandwidth and % of the best streaming read of the row's bytes, per measure."""
     for mode in ("kernel", "leaderboard"):
-        us = row.get(f"{mode}_us")
-        if us:
-            row[f"{mode}_gbps"] = gbps(row["bytes"], us)
-            row[f"{mode}_pct_of_copy"] = percent(row[f"{mode}_gbps"], copy)
+        row[f"{mode}_pct_of_copy"] = percent(row[f"{mode}_gbps"], copy)
+    row.update(percent_of_read(row, reads))
+
+
+def context_fields(caps: Capabilities, quick: bool) -> dict:
+    """The columns every row of a benchmark CSV repeats: how it was timed, where, when, what code."""
+    env = environment_report()
+    return {"timing": "cuda-events" if caps.cuda else "wall", "device_slug": device_slug(caps), "quick": quick,
+            "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
+            **{f"env_{f}": env.get(f) for f in ENV_FIELDS}}
 
 
 def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterable[str] | None = None,
@@ -331,21 +348,22 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
 
     copy, reduction = copy_bandwidth_gbps(), reduction_bandwidth_gbps()
     say(f"ceilings: copy {copy:.0f} GB/s (read + write), reduction {reduction:.0f} GB/s (read)")
-    env = environment_report()
-    common = {"timing": "cuda-events" if caps.cuda else "wall", "copy_gbps": copy, "reduction_gbps": reduction,
-              "device_slug": slug, "quick": quick, "date": datetime.date.today().isoformat(),
-              **{f"env_{f}": env.get(f) for f in ENV_FIELDS}}
+    tasks = plan.tasks()
+    reads = read_ceilings(tasks, rule=plan.rule, warmup=_warmup(plan.reps), reps=plan.reps,
+                          tune_reps=max(plan.min_reps, 10) if caps.cuda else 1, log=say if verbose else None)
+    say(ceiling_table(reads))
+    common = dict(context_fields(caps, quick), copy_gbps=copy, reduction_gbps=reduction)
     cpu_note = "" if caps.cuda else CPU_NOTE
     rows = [dict(common, path="copy", kind="ceiling", label="device-to-device copy", shape_set="ceiling",
                  bytes=None, status="ok", kernel_gbps=copy, note="read + write counted"),
             dict(common, path="reduction", kind="ceiling", label="row-sum reduction", shape_set="ceiling",
                  bytes=None, status="ok", kernel_gbps=reduction, note="read counted")]
+    rows += [dict(common, **r) for r in reads]
     rows += [dict(common, path=n, kind="peer" if n.startswith("peer-") else "nvfp4lib", label=n,
                   shape_set="-", status="skipped", note=why) for n, why in skipped]
 
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / f"{slug}.csv"
-    tasks = plan.tasks()
     bar = _Progress(len(tasks) * len(paths), enabled=progress)
     try:
         for shape_set, shape in tasks:
@@ -355,7 +373,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
                                m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape))
                 row = dict(context, **measure(path, data, plan))
                 if row["status"] == "ok":
-                    _add_bandwidth(row, copy)
+                    _add_ceilings(row, copy, reads)
                     row["note"] = "; ".join(filter(None, [row["note"], cpu_note]))
                 else:
                     bar.write(f"{row['status'].upper()} {path.name} {shape_text(row)}: {row['note']}")
@@ -373,6 +391,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
     say(summary_table(rows))
     say(f"wrote {csv_path}")
     if figures:
+        declare_mode("quick" if quick else "full")  # only a full run may replace committed figures
         target = figures_dir if figures_dir is not None else (None if caps.cuda else out_dir / "figures")
         for name, saved in save_figures(make_figures(rows), target).items():
             say(f"wrote {saved}")

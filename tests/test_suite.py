@@ -96,12 +96,29 @@ def test_a_path_that_raises_is_reported():
     assert row == {"status": "error", "note": "RuntimeError: no kernel for this"}
 
 
-def test_a_correct_path_is_timed_both_ways():
+def test_a_correct_path_is_timed_three_ways():
     from nvfp4lib import peers
 
     row = suite.measure(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
     assert row["status"] == "ok"
-    assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["kernel_reps"] >= 1
+    assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["host_visible_us"] > 0
+    assert row["kernel_reps"] >= 1 and row["leaderboard_reps"] >= 1 and "leaderboard_err_us" in row
+    assert row["kernel_gbps"] == pytest.approx(bytes_moved(Shape(128, 256, 2)) / row["kernel_us"] / 1e3)
+
+
+def test_a_path_is_checked_on_a_clone_against_the_untouched_input():
+    data = generate_input(128, 256, 1, seed=2)
+    a_before = data[0].view(torch.uint8).clone()
+
+    def zero_a_then_compute(d):
+        from nvfp4lib.reference import reference_gemv
+
+        d[0].view(torch.uint8).zero_()
+        return d[6].copy_(reference_gemv(d))
+
+    row = suite.measure(_path(zero_a_then_compute), data, _plan())
+    assert row["status"] == "inexact" and "mismatch" in row["note"]
+    assert torch.equal(data[0].view(torch.uint8), a_before)
 
 
 # ------------------------------------------------------------------------------ end to end
@@ -111,14 +128,25 @@ def _check_csv(path, expect_paths):
     rows = bench_report.load_results(path)
     with open(path) as f:
         assert tuple(f.readline().strip().split(",")) == bench_report.COLUMNS
-    ceilings = {r["path"]: r for r in rows if r["kind"] == "ceiling"}
-    assert set(ceilings) == {"copy", "reduction"} and all(r["kernel_gbps"] > 0 for r in ceilings.values())
+    ceilings = [r for r in rows if r["kind"] == "ceiling"]
+    assert {r["path"] for r in ceilings} == {"copy", "reduction", "read-cute", "read-triton", "read-torch",
+                                             "read-torch-clean"}
+    assert all(r["kernel_gbps"] > 0 for r in ceilings if r["path"] in ("copy", "reduction"))
+    assert {r["path"]: r["note"] for r in ceilings if r["status"] == "skipped"} == {
+        "read-cute": "needs a CUDA GPU", "read-triton": "needs a CUDA GPU"}
+    plan = suite.Plan.for_machine(cuda=False, quick=True)
+    reads = [r for r in ceilings if r["path"].startswith("read-torch")]
+    assert all(r["status"] == "ok" and r["kernel_us"] > 0 and r["leaderboard_us"] > 0 for r in reads)
+    dirty = sorted((r["m"], r["k"], r["l"], r["bytes"]) for r in reads if r["path"] == "read-torch" and r["m"])
+    assert dirty == sorted((*s, bytes_moved(s)) for _, s in plan.tasks())
+    clean = sorted((r["m"], r["k"], r["l"]) for r in reads if r["path"] == "read-torch-clean")
+    assert clean == sorted(plan.benchmark)
+    assert [r["shape_set"] for r in reads if not r["m"]] == ["ceiling"], "one large read"
     for r in rows:
         assert r["env_torch"] == torch.__version__ and r["env_python"] and r["env_nvfp4lib"]
         assert r["device_slug"] == "cpu" and r["timing"] == "wall"
     timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] != "skipped"]
     assert {r["path"] for r in timed} == set(expect_paths)
-    plan = suite.Plan.for_machine(cuda=False, quick=True)
     assert len(timed) == len(expect_paths) * len(plan.tasks())
     for r in timed:
         assert r["status"] == "ok", r

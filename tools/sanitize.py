@@ -3,8 +3,9 @@
 
 The script starts itself as a child process under each sanitizer tool, in a small driver mode that
 runs `gemv_cute` (variants "naive" and "fast") on the test shapes and on odd shapes (a single
-128-row tile, K below one 256-element step, and M = 16384 with L = 8), each with c poisoned first
-and the result checked against the float64 reference computed on the CPU. It then prints one
+128-row tile, K below one 256-element step, and M = 16384 with L = 8), each on a clone of the input
+with c poisoned (nvfp4lib.harness.check_once) and the result checked against the exact reference
+computed on the CPU. It then prints one
 summary line per tool and exits non-zero if a sanitizer reported an error, a result was wrong, or
 the driver failed. PyTorch's caching allocator is switched off in the child
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that every tensor is its own allocation and a read past its
@@ -62,21 +63,18 @@ def shapes_for(which: str):
 
 def drive(variants: list[str], which: str, seed: int) -> int:
     """Run every (variant, shape) once on the GPU and check it; 0 if all results are right."""
-    import torch
-
     from nvfp4lib.cute_gemv import gemv_cute
+    from nvfp4lib.harness import check_once
     from nvfp4lib.problem import generate_input
-    from nvfp4lib.reference import check, poison_
 
     failed = 0
     for shape in shapes_for(which):
         cpu = generate_input(*shape, seed=seed, mode="full")  # same bytes as on the GPU (drawn on the CPU)
         gpu = generate_input(*shape, seed=seed, mode="full", device="cuda")
         for variant in variants:
-            poison_(gpu[6])
-            gemv_cute(gpu, variant)
-            torch.cuda.synchronize()
-            result = check(gpu[6].cpu(), cpu)  # the reference runs on the CPU, outside the sanitizer's view
+            # on a clone with c poisoned; judged against the CPU copy, so the reference runs outside
+            # the sanitizer's view
+            result = check_once(lambda data: gemv_cute(data, variant), gpu, against=cpu)  # noqa: B023
             status = "ok" if result.ok else "WRONG"
             failed += not result.ok
             print(f"driver: {variant:5s} {shape.m}x{shape.k}x{shape.l}: {status} "

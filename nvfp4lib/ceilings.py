@@ -1,0 +1,268 @@
+"""Streaming-read ceilings: the fastest that any kernel which must read a shape's bytes can be,
+under the same flush and timing as the GEMV, measured in the same run.
+
+A ceiling is the best of several independent reads of a buffer of exactly the shape's byte count
+(`problem.bytes_moved`, rounded up to whole 64-byte groups), never one implementation's:
+
+* "cute": `cute_bench.StreamRead`, 16-byte loads, 4 independent ones per thread, in address order;
+* "triton": a Triton kernel with 16-byte loads, the best of `TRITON_LAUNCH_SHAPES` for each buffer;
+* "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy).
+
+Each read is timed with kernel time and leaderboard time (nvfp4lib.harness.measure). Besides the
+reads after the flush the GEMV is timed with (path "read-<name>": the L2 left full of dirty lines,
+whose write-back competes with the read), `read_ceilings` times the same reads after a flush whose
+dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode "clean") and over
+2 GiB (shape_set "ceiling"), so that the floor can be taken apart: the fixed cost of a call (launch,
+first-load latency, tail), the write-back of the flush's dirty lines, and bytes over bandwidth.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterable, NamedTuple
+
+import torch
+
+from nvfp4lib.bench import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
+                            time_kernel)
+from nvfp4lib.device import capabilities
+from nvfp4lib.harness import describe_error, measure, timing_fields
+from nvfp4lib.problem import Shape, bytes_moved
+
+READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
+TRITON_LAUNCH_SHAPES = tuple((block, warps) for block in (2048, 4096, 8192, 16384) for warps in (4, 8, 16))
+"""(int32 words per program, warps per program) tried for the Triton read of each buffer."""
+FLUSHES = {"dirty": None, "clean": "clean"}  # flush of the read -> harness.measure's flush argument
+FASTEST_NOTE = "fastest read here"
+
+
+def read_buffer(nbytes: int, device) -> torch.Tensor:
+    """Random bytes (never all zero), `nbytes` rounded up to whole READ_GROUP_BYTES groups."""
+    if nbytes < 1:
+        raise ValueError(f"nbytes: expected a positive byte count, got {nbytes}")
+    size = -(-nbytes // READ_GROUP_BYTES) * READ_GROUP_BYTES
+    return torch.randint(0, 256, (size,), dtype=torch.uint8, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reads: each says why it cannot run here, or binds to a buffer
+
+
+class BoundRead(NamedTuple):
+    call: Callable[[], object]  # reads the whole buffer once
+    note: str                   # how (e.g. the launch shape chosen)
+    sink: torch.Tensor          # where the read stores what it found: a result that keeps the loads alive
+
+
+class TorchRead:
+    name, label = "torch", "streaming read: torch.amax over int32"
+
+    def why_not(self, device: torch.device) -> str | None:
+        return None
+
+    def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
+        words = buf.view(torch.int32)
+        sink = torch.empty((), dtype=torch.int32, device=buf.device)
+        return BoundRead(lambda: torch.amax(words, 0, out=sink), "torch.amax of an int32 view", sink)
+
+
+@functools.cache
+def _triton_read_kernel():
+    """The Triton read, compiled on first launch: a program sums BLOCK int32 words (16-byte
+    loads: the buffer and the word count are multiples of 16 bytes and 16 words) and stores the
+    sum only if it equals a value no buffer of ours gives."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_words(src, n_words, sink, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        total = tl.sum(tl.load(src + offsets, mask=offsets < n_words, other=0), axis=0)
+        if total == 0x5EEDF00D:  # no buffer of ours sums to this: the loads cannot be removed
+            tl.store(sink, total)
+
+    return triton, read_words
+
+
+class TritonRead:
+    name, label = "triton", "streaming read: Triton, 16-byte loads"
+
+    def why_not(self, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs a CUDA GPU"
+        try:
+            import triton  # noqa: F401
+        except ImportError:
+            return "Triton is not installed"
+        return None
+
+    def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
+        """The read of `buf` with one launch shape."""
+        triton, kernel = _triton_read_kernel()
+        words = buf.view(torch.int32)
+        sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
+        grid = (triton.cdiv(words.numel(), block),)
+        return BoundRead(lambda: kernel[grid](words, words.numel(), sink, BLOCK=block, num_warps=warps),
+                         f"BLOCK={block} words, num_warps={warps}", sink)
+
+    def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
+        """The launch shape with the best kernel time on this buffer."""
+        timed = {}
+        for block, warps in TRITON_LAUNCH_SHAPES:
+            bound = self.launch(buf, block, warps)
+            timed[block, warps] = (time_kernel(bound.call, warmup=2, reps=tune_reps).median_us, bound)
+        _, best = min(timed.values(), key=lambda item: item[0])
+        return best._replace(note=f"{best.note} (best of {len(timed)} launch shapes)")
+
+
+class CuteRead:
+    name, label = "cute", "streaming read: CuTe StreamRead, 16-byte loads"
+
+    def why_not(self, device: torch.device) -> str | None:
+        if device.type != "cuda":
+            return "needs a CUDA GPU"
+        if not capabilities().cute_dsl:
+            return "the CuTe DSL is not installed (pip install -e '.[cute]')"
+        return None
+
+    def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
+        from nvfp4lib.cute_bench import stream_reader  # imported here: cute_bench builds on this module
+
+        reader = stream_reader()
+        return BoundRead(lambda: reader(buf), f"{reader.THREADS} threads x {reader.LOADS} loads of 16 bytes",
+                         reader.sink)
+
+
+READS = (CuteRead(), TritonRead(), TorchRead())
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring
+
+
+def _row(read, shape_set: str, shape: Shape | None, nbytes: int, flush: str, **fields) -> dict:
+    path = f"read-{read.name}" + ("-clean" if flush == "clean" else "")
+    label = read.label + (", after a clean flush" if flush == "clean" else "")
+    m, k, l = shape if shape is not None else (None, None, None)
+    return dict(path=path, kind="ceiling", label=label, shape_set=shape_set, m=m, k=k, l=l, bytes=nbytes,
+                flush=flush, **fields)
+
+
+def _mark_fastest(rows: list[dict]) -> None:
+    """Append FASTEST_NOTE to the note of the fastest read (leaderboard time) of each size and flush."""
+    groups: dict = {}
+    for r in rows:
+        if r["status"] == "ok":
+            groups.setdefault((r["shape_set"], r["m"], r["k"], r["l"], r["bytes"], r["flush"]), []).append(r)
+    for group in groups.values():
+        best = min(group, key=lambda r: r["leaderboard_us"])
+        best["note"] = "; ".join(filter(None, [best["note"], FASTEST_NOTE]))
+
+
+def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, large: bool = True,
+                  rule: StoppingRule = BENCHMARK_RULE, warmup: int = 10, reps: int = 100, tune_reps: int = 20,
+                  device=None, reads=READS, log: Callable[[str], None] | None = None) -> list[dict]:
+    """Time every read that can run here on the byte count of each (shape_set, shape) task ->
+    rows in the schema of the benchmark CSV (nvfp4lib.bench_report.COLUMNS), kind "ceiling".
+
+    Per task and read: kernel and leaderboard time (`timing_fields`) after the GEMV's flush
+    (path "read-<name>"), and with `clean` for the "benchmark" tasks also after a clean flush
+    ("read-<name>-clean"); with `large` the same reads of 2 GiB (16 MiB without CUDA) with
+    shape_set "ceiling" and no shape. A read that cannot run here gives one "skipped" row saying
+    why; one that fails to build or run gives "skipped" rows too, noted "failed here: <the error>"
+    (a ceiling that cannot be measured is no failure of the paths it bounds). The fastest read of
+    each size and flush by leaderboard time has FASTEST_NOTE in its note."""
+    dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    say = log or (lambda line: None)
+    usable, rows = [], []
+    for read in reads:
+        why = read.why_not(dev)
+        if why is None:
+            usable.append(read)
+        else:
+            rows.append(dict(path=f"read-{read.name}", kind="ceiling", label=read.label, shape_set="ceiling",
+                             status="skipped", note=why))
+            say(f"read {read.name}: skipped, {why}")
+    sizes = [(shape_set, shape, bytes_moved(shape)) for shape_set, shape in tasks]
+    if large:
+        sizes.append(("ceiling", None, GPU_BANDWIDTH_BYTES if dev.type == "cuda" else CPU_BANDWIDTH_BYTES))
+    for shape_set, shape, nbytes in sizes:
+        buf = read_buffer(nbytes, dev)
+        flushes = ["dirty"] + (["clean"] if clean and shape_set == "benchmark" else [])
+        measured = []
+        for read in usable:
+            try:
+                call, note, _ = read.bind(buf, tune_reps)
+                call()
+            except Exception as err:  # noqa: BLE001 - a read that fails is reported, the others go on
+                measured += [_row(read, shape_set, shape, nbytes, flush, status="skipped",
+                                  note=f"failed here: {describe_error(err, 160)}") for flush in flushes]
+                continue
+            for flush in flushes:
+                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps,
+                                  flush=FLUSHES[flush])
+                measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
+                                     **timing_fields(timings, nbytes)))
+        del buf
+        where = "x".join(map(str, shape)) if shape is not None else f"{nbytes / 2**20:g} MiB"
+        say(f"read {where} ({nbytes / 1e6:.1f} MB), leaderboard time: " + ", ".join(
+            f"{r['path']} {r['leaderboard_us']:.2f} us" if r["status"] == "ok" else f"{r['path']} {r['note']}"
+            for r in measured))
+        rows += measured
+    _mark_fastest([r for r in rows if r["status"] != "skipped"])
+    return rows
+
+
+def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
+    """{shape: the read row with the lowest <measure_name>_us at that shape and flush} from
+    `read_ceilings` rows (or a benchmark CSV's rows): the ceiling of that shape."""
+    if flush not in FLUSHES:
+        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
+    key = f"{measure_name.replace('-', '_')}_us"
+    best: dict[Shape, dict] = {}
+    for r in rows:
+        path = r.get("path") or ""
+        if (r.get("kind") != "ceiling" or not path.startswith("read-") or r.get("status") != "ok"
+                or r.get("m") is None or path.endswith("-clean") != (flush == "clean")):
+            continue
+        shape = Shape(r["m"], r["k"], r["l"])
+        if shape not in best or r[key] < best[shape][key]:
+            best[shape] = r
+    return best
+
+
+def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> dict:
+    """{"kernel_pct_of_read", "leaderboard_pct_of_read"}: the best read of the row's shape after
+    `flush`, by each measure, as a percentage of the row's time by that measure (100 % = as fast as
+    reading its bytes can be). Measures without a read or a time are left out."""
+    reads = list(reads)
+    shape = Shape(row["m"], row["k"], row["l"])
+    fields = {}
+    for name in ("kernel", "leaderboard"):
+        best = best_reads(reads, flush, name).get(shape)
+        us = row.get(f"{name}_us")
+        if best is not None and us:
+            fields[f"{name}_pct_of_read"] = 100.0 * best[f"{name}_us"] / us
+    return fields
+
+
+def ceiling_table(rows: Iterable[dict]) -> str:
+    """Per size and flush: each read's leaderboard time and kernel time (us), and the fastest read
+    by leaderboard time with its bandwidth."""
+    reads = [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
+             and r.get("status") == "ok"]
+    names = list(dict.fromkeys(r["path"].removeprefix("read-").removesuffix("-clean") for r in reads))
+    groups: dict = {}
+    for r in reads:
+        groups.setdefault((r["m"], r["k"], r["l"], r["bytes"], r["path"].endswith("-clean")), []).append(r)
+    body = []
+    for (m, k, l, nbytes, clean), group in groups.items():
+        by_name = {r["path"].removeprefix("read-").removesuffix("-clean"): r for r in group}
+        best = min(group, key=lambda r: r["leaderboard_us"])
+        cells = [f"{r['leaderboard_us']:.2f} / {r['kernel_us']:.2f}" if r else "-"
+                 for r in (by_name.get(n) for n in names)]
+        winner = best["path"].removeprefix("read-").removesuffix("-clean")
+        body.append([f"{m}x{k}x{l}" if m is not None else "large", f"{nbytes / 1e6:.1f}", "clean" if clean else "dirty",
+                     *cells, winner, f"{best['leaderboard_gbps']:.0f}"])
+    header = ["shape", "MB", "flush", *(f"{n} us (lb / kernel)" for n in names), "best", "best GB/s"]
+    return text_table(header, body, left=1) if body else "(no streaming read ran)"

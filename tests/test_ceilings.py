@@ -1,0 +1,209 @@
+"""Streaming-read ceilings: rows in the benchmark CSV's schema, the best read per shape, and the
+reads' logic on a CPU (the Triton read in Triton's interpreter where Triton is installed)."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nvfp4lib import bench_report, ceilings
+from nvfp4lib.bench import StoppingRule
+from nvfp4lib.ceilings import (FASTEST_NOTE, TorchRead, best_reads, ceiling_table, percent_of_read, read_buffer,
+                               read_ceilings)
+from nvfp4lib.paths import REPO_ROOT
+from nvfp4lib.problem import Shape, bytes_moved
+
+FEW = StoppingRule(max_calls=3, budget_s=1e9)
+PENDING_COLUMNS = {"flush", "leaderboard_std_us", "leaderboard_err_us"}  # rows carry these; the CSV may not yet
+
+
+def test_read_buffer_is_whole_groups_of_random_bytes():
+    for nbytes in (1, 64, 65, bytes_moved(Shape(128, 192, 3))):
+        buf = read_buffer(nbytes, "cpu")
+        assert buf.dtype == torch.uint8 and buf.numel() % 64 == 0 and 0 <= buf.numel() - nbytes < 64
+    assert int(read_buffer(1 << 16, "cpu").count_nonzero()) > 0
+    with pytest.raises(ValueError, match="nbytes"):
+        read_buffer(0, "cpu")
+
+
+class _Failing:
+    name, label = "broken", "a read that fails"
+
+    def why_not(self, device):
+        return None
+
+    def bind(self, buf, tune_reps):
+        raise RuntimeError("cannot compile\nsecond line")
+
+
+class _Absent:
+    name, label = "absent", "a read this machine lacks"
+
+    def why_not(self, device):
+        return "needs something absent"
+
+
+class _Slow(TorchRead):
+    """The torch read, three times over: slower whatever the machine's noise."""
+    name, label = "slow", "three reads"
+
+    def bind(self, buf, tune_reps):
+        call, _, sink = super().bind(buf, tune_reps)
+        return ceilings.BoundRead(lambda: [call() for _ in range(3)], "three amax", sink)
+
+
+def test_read_ceilings_rows(capsys):
+    tasks = [("benchmark", Shape(128, 256, 2)), ("sweep", Shape(256, 128, 1))]
+    rows = read_ceilings(tasks, rule=FEW, warmup=1, reps=3, reads=(TorchRead(), _Slow(), _Failing(), _Absent()),
+                         log=print)
+    skipped = [(r["path"], r.get("shape_set"), r["note"]) for r in rows if r["status"] == "skipped"]
+    failed = "failed here: RuntimeError: cannot compile"
+    assert skipped == [("read-absent", "ceiling", "needs something absent"),
+                       ("read-broken", "benchmark", failed), ("read-broken-clean", "benchmark", failed),
+                       ("read-broken", "sweep", failed), ("read-broken", "ceiling", failed)]
+    ok = [r for r in rows if r["status"] == "ok"]
+    # per read: each task after the GEMV's flush, the benchmark task also after a clean one, and the large read
+    for name in ("torch", "slow"):
+        mine = [(r["path"], r["shape_set"], r["bytes"]) for r in ok if r["path"].startswith(f"read-{name}")]
+        assert mine == [(f"read-{name}", "benchmark", bytes_moved(tasks[0][1])),
+                        (f"read-{name}-clean", "benchmark", bytes_moved(tasks[0][1])),
+                        (f"read-{name}", "sweep", bytes_moved(tasks[1][1])),
+                        (f"read-{name}", "ceiling", 16 << 20)]
+    for r in ok:
+        assert r["kind"] == "ceiling" and r["kernel_us"] > 0 and r["leaderboard_reps"] == 3
+        assert r["leaderboard_gbps"] == pytest.approx(r["bytes"] / r["leaderboard_us"] / 1e3)
+        assert set(r) - set(bench_report.COLUMNS) <= PENDING_COLUMNS
+    fastest = [r for r in ok if FASTEST_NOTE in r["note"]]
+    assert len(fastest) == 4, "one fastest read per size and flush"
+    for r in fastest:
+        rivals = [o for o in ok if (o["bytes"], o["flush"]) == (r["bytes"], r["flush"])]
+        assert r["leaderboard_us"] == min(o["leaderboard_us"] for o in rivals)
+    out = capsys.readouterr().out
+    assert "read 128x256x2" in out and "read-broken failed here: RuntimeError" in out
+    table = ceiling_table(rows)
+    assert "torch us (lb / kernel)" in table and "slow us (lb / kernel)" in table and len(table.splitlines()) == 6
+
+
+def _read(path, shape, kernel_us, leaderboard_us, status="ok"):
+    return dict(path=path, kind="ceiling", m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape), status=status,
+                kernel_us=kernel_us, leaderboard_us=leaderboard_us)
+
+
+def test_best_reads_and_percent_of_read(tmp_path):
+    big, small = Shape(256, 1024, 2), Shape(128, 64, 1)
+    rows = [_read("read-cute", big, 10.0, 22.0), _read("read-triton", big, 12.0, 20.0),
+            _read("read-torch", big, 5.0, 5.0, status="error"), _read("read-torch-clean", big, 8.0, 18.0),
+            _read("read-torch", small, 3.0, 4.0), dict(_read("read-torch", big, 1.0, 1.0), m=None),  # the large read
+            dict(path="copy", kind="ceiling", status="ok", kernel_gbps=4000.0)]
+    for loaded in (rows, None):
+        if loaded is None:  # the same through the CSV
+            bench_report.write_csv(rows, tmp_path / "r.csv")
+            loaded = bench_report.load_results(tmp_path / "r.csv")
+        lb, kernel, clean = best_reads(loaded), best_reads(loaded, measure_name="kernel"), best_reads(loaded, "clean")
+        assert {s: r["path"] for s, r in lb.items()} == {big: "read-triton", small: "read-torch"}
+        assert kernel[big]["path"] == "read-cute"
+        assert {s: r["path"] for s, r in clean.items()} == {big: "read-torch-clean"}
+    row = dict(m=big.m, k=big.k, l=big.l, kernel_us=25.0, leaderboard_us=40.0)
+    assert percent_of_read(row, rows) == {"kernel_pct_of_read": pytest.approx(40.0),
+                                          "leaderboard_pct_of_read": pytest.approx(50.0)}
+    assert percent_of_read(row, rows, "clean") == {"kernel_pct_of_read": pytest.approx(32.0),
+                                                   "leaderboard_pct_of_read": pytest.approx(45.0)}
+    assert percent_of_read(dict(row, m=512), rows) == {}
+    with pytest.raises(ValueError, match="flush"):
+        best_reads(rows, "warm")
+
+
+def test_gpu_reads_say_why_they_cannot_run_here():
+    cpu = torch.device("cpu")
+    assert ceilings.TritonRead().why_not(cpu) == "needs a CUDA GPU"
+    assert ceilings.CuteRead().why_not(cpu) == "needs a CUDA GPU"
+    assert TorchRead().why_not(cpu) is None
+
+
+INTERPRETED_READ = """
+import torch
+from nvfp4lib import ceilings
+
+read = ceilings.TritonRead()
+random_bytes = ceilings.read_buffer(3 * 4096 + 64, "cpu")
+n_words = random_bytes.numel() // 4
+
+
+def sink_after(buf, block, warps):
+    call, _, sink = read.launch(buf, block, warps)
+    call()
+    return int(sink[0])
+
+
+for block, warps in ((2048, 4), (4096, 8)):
+    assert sink_after(random_bytes, block, warps) == 0
+    for position in (0, n_words // 2, n_words - 1):
+        planted = torch.zeros(n_words, dtype=torch.int32)
+        planted[position] = 0x5EEDF00D
+        assert sink_after(planted.view(torch.uint8), block, warps) == 0x5EEDF00D, (block, position)
+print("interpreted read ok")
+"""
+
+
+def test_triton_read_in_the_interpreter():
+    """The Triton kernel's logic on the CPU, in Triton's interpreter (set before Triton is imported,
+    hence its own process): every word is read (a magic word planted anywhere in zeros makes its
+    program's sum magic, and the sink is written), and random data writes nothing."""
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), *sys.path])))
+    done = subprocess.run([sys.executable, "-c", INTERPRETED_READ], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0 and "interpreted read ok" in done.stdout, done.stdout + done.stderr
+
+
+def test_triton_launch_shapes_are_a_small_set_of_whole_vectors():
+    assert 4 <= len(ceilings.TRITON_LAUNCH_SHAPES) <= 16
+    for block, warps in ceilings.TRITON_LAUNCH_SHAPES:
+        assert block % (32 * warps * 4) == 0, "every thread loads whole 16-byte vectors"
+        assert math.log2(block).is_integer()
+
+
+def test_triton_read_compiles_to_16_byte_loads_for_hopper():
+    """Triton compiles without a GPU: the read for sm_90 loads with ld.global.v4.b32 (16 bytes) only,
+    given what Triton's launcher knows of our buffers (16-byte aligned, word count a multiple of 16)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    _, kernel = ceilings._triton_read_kernel()
+    for block, warps in ceilings.TRITON_LAUNCH_SHAPES:
+        try:
+            signature = {"src": "*i32", "n_words": "i32", "sink": "*i32", "BLOCK": "constexpr"}
+            source = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": block},
+                               attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]})
+        except TypeError as err:
+            pytest.skip(f"this Triton ({triton.__version__}) describes kernels differently: {err}")
+        ptx = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps}).asm["ptx"]
+        loads = [line for line in ptx.splitlines() if "ld.global" in line]
+        assert loads and all(".v4.b32" in line for line in loads), (block, warps, loads[:3])
+        assert len(loads) == block // (32 * warps * 4), "each thread loads its share of the block once"
+
+
+@pytest.mark.gpu
+def test_every_read_here_reads_every_byte_on_the_gpu():
+    """A magic word planted first, in the middle or last in zeros reaches each read's sink (so the
+    read covers the whole buffer); then rows for a small shape, every read measured."""
+    device = torch.device("cuda")
+    reads = [r for r in ceilings.READS if r.why_not(device) is None]
+    n_words = (1 << 20) // 4 + 16
+    for read in reads:
+        for position in (0, n_words // 2, n_words - 1):
+            planted = torch.zeros(n_words, dtype=torch.int32, device=device)
+            planted[position] = 0x5EEDF00D
+            call, _, sink = read.bind(planted.view(torch.uint8), tune_reps=2)
+            sink.zero_()
+            call()
+            assert int(sink.reshape(-1)[0]) == 0x5EEDF00D, (read.name, position)
+    rows = read_ceilings([("benchmark", Shape(256, 1024, 2))], large=False, rule=FEW, warmup=1, reps=3, tune_reps=2)
+    ok = [r for r in rows if r["status"] == "ok"]
+    assert {r["path"] for r in ok} == {f"read-{r.name}" for r in reads} | {f"read-{r.name}-clean" for r in reads}
+    assert all(math.isfinite(r["leaderboard_gbps"]) and r["leaderboard_reps"] == 3 for r in ok)

@@ -1,0 +1,71 @@
+"""cute_bench's check and timing loops on a CPU, with stand-in kernels: the rows it writes (the
+benchmark CSV's schema, % of the best read) and the failures it reports. No speed is asserted."""
+
+import pytest
+import torch
+
+from nvfp4lib import bench_report, cute_bench
+from nvfp4lib.bench import StoppingRule
+from nvfp4lib.ceilings import TorchRead, read_ceilings
+from nvfp4lib.cute_gemv import FastConfig
+from nvfp4lib.problem import Shape, bytes_moved
+from nvfp4lib.reference import reference_gemv
+
+SHAPES = [Shape(128, 256, 1), Shape(256, 128, 2)]
+
+
+class StandIn:
+    """Has what cute_bench reads of a CuteGemv: a call and a config (None for the naive kernel)."""
+
+    def __init__(self, cfg=None, wrong=False):
+        self.cfg, self.wrong = cfg, wrong
+
+    def __call__(self, data):
+        out = data[6].copy_(reference_gemv(data))
+        return out.neg_() if self.wrong else out
+
+
+def test_check_all_reports_each_kernel_and_skips_loads_only(capsys):
+    kernels = [("naive", StandIn()), ("fast bad", StandIn(FastConfig(4, 4, 2), wrong=True)),
+               ("fast loads", StandIn(FastConfig(4, 4, 2, compute=False), wrong=True))]
+    assert cute_bench.check_all(kernels, SHAPES, seed=0, device="cpu") is False
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("check")]
+    assert len(lines) == 2 * len(SHAPES), "the loads-only kernel is not checked"
+    assert [line.split()[1:3] for line in lines if "FAIL" in line] == [["fast", "bad"]] * len(SHAPES)
+    assert cute_bench.check_all(kernels[:1], SHAPES, seed=0, device="cpu") is True
+
+
+def test_time_all_rows(monkeypatch, tmp_path):
+    monkeypatch.setattr(cute_bench, "measure", _few_calls(cute_bench.measure))
+    reads = read_ceilings([("benchmark", s) for s in SHAPES], large=False, rule=StoppingRule(3, 1e9), warmup=1,
+                          reps=3, reads=(TorchRead(),))
+    kernels = [("naive", StandIn()), ("fast 4x4x2", StandIn(FastConfig(4, 4, 2)))]
+    rows = cute_bench.time_all(kernels, SHAPES, reps=3, reads=reads, device="cpu")
+    assert [(r["path"], r["m"], r["k"], r["l"]) for r in rows] == [
+        (p, *s) for s in SHAPES for p in ("cute-naive", "cute-fast-4x4x2")]
+    for r in rows:
+        assert r["bytes"] == bytes_moved(Shape(r["m"], r["k"], r["l"])) and r["status"] == "ok"
+        read = min(x["leaderboard_us"] for x in reads if (x["m"], x["k"], x["l"]) == (r["m"], r["k"], r["l"])
+                   and x["path"] == "read-torch")
+        assert r["leaderboard_pct_of_read"] == pytest.approx(100 * read / r["leaderboard_us"])
+        assert r["kernel_us"] > 0 and r["host_visible_us"] > 0 and r["leaderboard_reps"] == 3
+    path = tmp_path / "cute.csv"
+    bench_report.write_csv(reads + rows, path)
+    loaded = bench_report.load_results(path)
+    assert [r["path"] for r in loaded] == [r["path"] for r in reads + rows]
+    with pytest.raises(ValueError, match="flush"):
+        cute_bench.time_all(kernels, SHAPES, flush="dirty", reads=reads, device="cpu")
+
+
+def _few_calls(measure):
+    """harness.measure with a stopping rule of 3 calls, so that a CPU run takes moments."""
+    return lambda fn, *args, **kw: measure(fn, *args, **dict(kw, rule=StoppingRule(3, 1e9)))
+
+
+def test_command_line_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the command would time for real")
+    assert cute_bench.main(["--reps", "5"]) == 0
+    assert "nothing to time here" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cute_bench.main(["--reps", "0"])
