@@ -251,11 +251,6 @@ def time_host_visible(fn: Callable[[], object], *, warmup: int = 10, reps: int =
     return summarize("host-visible", samples, host)
 
 
-# The earlier name of time_host_visible, still called by notebooks 03 and 05, dispatch.calibrate
-# and evaluate's submission process. It is NOT leaderboard time: that is leaderboard_time.
-time_leaderboard = time_host_visible
-
-
 def time_one_call(fn: Callable[[], object], flush: str = "leaderboard") -> tuple[object, float]:
     """One call timed as the leaderboard times it -> (what `fn` returned, microseconds).
 

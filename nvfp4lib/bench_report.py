@@ -2,6 +2,15 @@
 row per path and shape, the environment in every row), the tables it prints, and the two figures
 ``00_roofline`` (bytes per call against time, with the measured ceiling) and ``00_benchmark_bars``
 (all paths and peers at the benchmark shapes). Notebook 00 reads results through this module.
+
+Three time measures (nvfp4lib.bench), each labelled by its own name: kernel time (median, calls
+back to back), leaderboard time (the mean, timed as the public harness does: its flush keeps the
+GPU busy, so host cost is hidden) and host-visible time (median, the GPU idle at each call, host
+cost included). The ceiling of a path is the best streaming read of exactly its bytes
+(nvfp4lib.ceilings) where the results have one, else the device-to-device copy bandwidth; every
+table and figure says which. A CSV of an older run, written before leaderboard time was
+measured, called its host-visible time "leaderboard": `load_results` files it under host-visible
+time and the tables and figures label it "host-visible (older run)".
 """
 
 from __future__ import annotations
@@ -12,7 +21,9 @@ from pathlib import Path
 from typing import Iterable
 
 from nvfp4lib.bench import cell_text, gbps, geomean, percent, text_table
+from nvfp4lib.ceilings import best_reads, percent_of_read
 from nvfp4lib.device import Capabilities, capabilities
+from nvfp4lib.harness import MEASURES
 from nvfp4lib.paths import BUILD_DIR, REPO_ROOT
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, Shape, bytes_moved
 
@@ -24,15 +35,29 @@ CPU_NOTE = "CPU: timings are not meaningful"
 ENV_FIELDS = ("python", "platform", "torch", "cuda_runtime", "driver", "gpu", "sm", "fp4_gemm", "cute_dsl",
               "cute_arch", "nvfp4lib")
 COLUMNS = (
-    "path", "kind", "label", "shape_set", "m", "k", "l", "bytes", "status", "note",
+    "path", "kind", "label", "shape_set", "m", "k", "l", "bytes", "status", "note", "flush",
     "kernel_us", "kernel_p10_us", "kernel_p90_us", "kernel_reps",
-    "leaderboard_us", "leaderboard_p10_us", "leaderboard_p90_us", "leaderboard_reps", "host_us",
-    "kernel_gbps", "leaderboard_gbps", "kernel_pct_of_copy", "leaderboard_pct_of_copy", "max_abs_err",
+    "leaderboard_us", "leaderboard_p10_us", "leaderboard_p90_us", "leaderboard_reps", "leaderboard_std_us",
+    "leaderboard_err_us",
+    "host_visible_us", "host_visible_p10_us", "host_visible_p90_us", "host_visible_reps", "host_us",
+    "kernel_gbps", "leaderboard_gbps", "kernel_pct_of_copy", "leaderboard_pct_of_copy",
+    "kernel_pct_of_read", "leaderboard_pct_of_read", "max_abs_err",
     "timing", "copy_gbps", "reduction_gbps", "device_slug", "quick", "date", "commit",
     *(f"env_{f}" for f in ENV_FIELDS),
 )
-"""CSV columns. status: ok | inexact (outside rtol = atol = 1e-3, still timed) | error (raised) | skipped (not on this device).
-Ceiling rows have kind "ceiling", shape_set "ceiling" and only bytes and kernel_gbps filled."""
+"""CSV columns; the timing ones are `harness.timing_fields`'s. kernel_us and host_visible_us are medians,
+leaderboard_us the mean (as the leaderboard reports it) with its std and standard error; host_us is the
+CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
+as a percentage of the row's time by that measure. status: ok | inexact (outside rtol = atol = 1e-3,
+still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
+and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
+"read-<name>-clean" of nvfp4lib.ceilings (timed like a path; flush "dirty" or "clean")."""
+
+# An older run's CSV has no host_visible_us column: what it called leaderboard time was host-visible
+# time (each call after a synchronize, the GPU idle). `load_results` moves those columns here.
+OLDER_RUN_COLUMNS = {"leaderboard_us": "host_visible_us", "leaderboard_p10_us": "host_visible_p10_us",
+                     "leaderboard_p90_us": "host_visible_p90_us", "leaderboard_reps": "host_visible_reps"}
+OLDER_RUN_DROPPED = ("leaderboard_gbps", "leaderboard_pct_of_copy")  # of that host-visible time: cleared, not kept
 
 
 def device_slug(caps: Capabilities | None = None) -> str:
@@ -67,9 +92,9 @@ def write_csv(rows: list[dict], path: Path | str) -> None:
             writer.writerow({c: _format_value(row.get(c)) for c in COLUMNS})
 
 
-_INT_COLUMNS = {"m", "k", "l", "bytes", "kernel_reps", "leaderboard_reps"}
-_TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "timing", "device_slug", "date", "commit",
-                 *(f"env_{f}" for f in ENV_FIELDS)}
+_INT_COLUMNS = {"m", "k", "l", "bytes", "kernel_reps", "leaderboard_reps", "host_visible_reps"}
+_TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "flush", "timing", "device_slug", "date",
+                 "commit", *(f"env_{f}" for f in ENV_FIELDS)}
 
 
 def _parse(column: str, text: str):
@@ -86,9 +111,19 @@ def _parse(column: str, text: str):
 
 
 def load_results(path: Path | str) -> list[dict]:
-    """The rows of a suite CSV with numbers as numbers and empty cells as None."""
+    """The rows of a suite CSV with numbers as numbers and empty cells as None. The CSV of an
+    older run (no host_visible_us column) has its host-visible time, which it called leaderboard
+    time, moved to the host_visible_* columns, and no leaderboard time."""
     with open(path, newline="") as f:
-        return [{c: _parse(c, v) for c, v in row.items()} for row in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        rows = [{c: _parse(c, v) for c, v in row.items()} for row in reader]
+        older = "host_visible_us" not in (reader.fieldnames or ()) and "leaderboard_us" in (reader.fieldnames or ())
+    if older:
+        for row in rows:
+            for old, new in OLDER_RUN_COLUMNS.items():
+                row[new], row[old] = row[old], None
+            row.update(dict.fromkeys(OLDER_RUN_DROPPED))
+    return rows
 
 
 def find_results(slug: str | None = None) -> Path | None:
@@ -103,7 +138,19 @@ def find_results(slug: str | None = None) -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
-# ------------------------------------------------------------------------------ tables
+# ------------------------------------------------------------------------------ measures and ceilings
+
+STATISTIC = {"kernel": "median", "leaderboard": "mean", "host-visible": "median"}  # the figure each measure reports
+OLDER_RUN_NOTE = ("older run: these results predate leaderboard time; what they called leaderboard time was "
+                  "host-visible time (each call after a synchronize, the GPU idle, host cost included), "
+                  "shown here as host-visible (older run)")
+
+
+def time_column(measure: str) -> str:
+    """The CSV column of a measure's time (harness.MEASURES): "host-visible" -> "host_visible_us"."""
+    if measure not in MEASURES:
+        raise ValueError(f"measure: expected one of {MEASURES}, got {measure!r}")
+    return f"{measure.replace('-', '_')}_us"
 
 
 def _ceiling(rows: list[dict], name: str) -> float | None:
@@ -114,17 +161,76 @@ def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") != "ceiling" and r.get("status") in ("ok", "inexact")]
 
 
-def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "sweep")) -> str:
-    """Time, GB/s, % of the copy ceiling and speed-up over each peer, per path and shape.
-
-    GB/s and % of copy come from kernel time (what the memory system sustained); speed-ups from
-    leaderboard time (what a score compares). The geomean over the benchmark shapes is the score."""
+def measures_in(rows: list[dict]) -> list[str]:
+    """The measures (harness.MEASURES, in that order) that some timed path of `rows` has a time for."""
     timed = _timed(rows)
+    return [m for m in MEASURES if any(r.get(time_column(m)) is not None for r in timed)]
+
+
+def is_older_run(rows: list[dict]) -> bool:
+    """True for the results of an older run: host-visible time and no leaderboard time (`load_results`)."""
+    present = measures_in(rows)
+    return "host-visible" in present and "leaderboard" not in present
+
+
+def score_measure(rows: list[dict]) -> str:
+    """The measure a score compares: leaderboard time; host-visible time in an older run, which has no other."""
+    return "host-visible" if is_older_run(rows) else "leaderboard"
+
+
+def measure_label(measure: str, rows: list[dict]) -> str:
+    """A measure's name in a table or figure; host-visible time of an older run says so."""
+    time_column(measure)  # checks the name
+    return measure + (" (older run)" if measure == "host-visible" and is_older_run(rows) else "")
+
+
+def read_rows(rows: list[dict]) -> list[dict]:
+    """The streaming reads of nvfp4lib.ceilings in `rows` that ran."""
+    return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
+            and r.get("status") == "ok"]
+
+
+def ceiling_note(rows: list[dict]) -> str:
+    """Which ceiling the tables and figures of `rows` hold the paths against, in words."""
+    if read_rows(rows):
+        return "ceiling: the best streaming read of the same bytes after the same flush (nvfp4lib.ceilings)"
     copy = _ceiling(rows, "copy")
+    return ("ceiling: the device-to-device copy" + (f", {copy:.0f} GB/s" if copy else " (not in these results)")
+            + "; these results have no streaming reads")
+
+
+def percent_of_ceiling(row: dict, rows: list[dict]) -> float | None:
+    """A path's kernel time against its ceiling: where `rows` have streaming reads, the best read of
+    the row's bytes after its flush as a percentage of the row's kernel time; else the row's
+    bandwidth as a percentage of the copy's. None where neither exists."""
+    reads = read_rows(rows)
+    if reads:
+        return percent_of_read(row, reads, row.get("flush") or "dirty").get("kernel_pct_of_read")
+    copy = _ceiling(rows, "copy")
+    return percent(gbps(row["bytes"], row["kernel_us"]), copy) if copy and row.get("kernel_us") else None
+
+
+# ------------------------------------------------------------------------------ tables
+
+
+def _path_text(row: dict) -> str:
+    return row["path"] + (" (clean flush)" if row.get("flush") == "clean" else "")
+
+
+def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "sweep")) -> str:
+    """Per path and shape: the time by each measure, the host time inside a call, GB/s and % of the
+    ceiling, and the speed-up over each peer.
+
+    GB/s and % of the ceiling come from kernel time (what the memory system sustained); speed-ups
+    from leaderboard time (what a score compares; host-visible time in an older run). The geomean
+    over the benchmark shapes is the score. The notes under the tables name the ceiling."""
+    timed = _timed(rows)
+    measures, score = measures_in(rows), time_column(score_measure(rows))
+    reads = read_rows(rows)
     peer_names = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
-    peer_time = {(r["path"], r["m"], r["k"], r["l"]): r["leaderboard_us"] for r in timed if r["kind"] == "peer"}
-    header = ["path", "shape", "kernel us", "leaderboard us", "host us", "GB/s", "% copy",
-              *(f"x {n.removeprefix('peer-')}" for n in peer_names)]
+    peer_time = {(r["path"], r["m"], r["k"], r["l"]): r.get(score) for r in timed if r["kind"] == "peer"}
+    header = ["path", "shape", *(f"{measure_label(m, rows)} us" for m in measures), "host us", "GB/s",
+              "% read" if reads else "% copy", *(f"x {n.removeprefix('peer-')}" for n in peer_names)]
     out = []
     cpu = any(r.get("timing") == "wall" for r in timed)
     for shape_set in shape_sets:
@@ -133,29 +239,41 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
             continue
         body = []
         for r in chosen:
-            bw = gbps(r["bytes"], r["kernel_us"])
             speedups = []
             for n in peer_names:
                 p = peer_time.get((n, r["m"], r["k"], r["l"]))
-                speedups.append(cell_text(p / r["leaderboard_us"] if p else None, ".2f"))
-            body.append([r["path"], shape_text(r), cell_text(r["kernel_us"], ".1f"), cell_text(r["leaderboard_us"], ".1f"),
-                         cell_text(r.get("host_us"), ".1f"), cell_text(bw, ".0f"),
-                         cell_text(percent(bw, copy) if copy else None, ".1f"), *speedups])
+                speedups.append(cell_text(p / r[score] if p and r.get(score) else None, ".2f"))
+            body.append([_path_text(r), shape_text(r), *(cell_text(r.get(time_column(m)), ".1f") for m in measures),
+                         cell_text(r.get("host_us"), ".1f"), cell_text(gbps(r["bytes"], r["kernel_us"]), ".0f"),
+                         cell_text(percent_of_ceiling(r, rows), ".1f"), *speedups])
         title = f"{shape_set} shapes" + (f" ({CPU_NOTE})" if cpu else "")
         out += [title, text_table(header, body), ""]
         if shape_set == "benchmark":
             out += [geomean_table(chosen), ""]
-    if copy:
-        out.append(f"% copy: of the measured device-to-device copy, {copy:.0f} GB/s; "
-                   "x <peer>: the peer's leaderboard time / this path's")
+    if out:
+        labels = {m: measure_label(m, rows) for m in measures}
+        out.append("us per call: " + ", ".join(f"{labels[m]} the {STATISTIC[m]}" for m in measures)
+                   + (f"; x <peer>: the peer's {labels[score_measure(rows)]} time / this path's" if peer_names else ""))
+        copy = _ceiling(rows, "copy")
+        if reads:
+            out.append("% read: the best streaming read of the same bytes after the same flush (nvfp4lib.ceilings), "
+                       "as a percentage of the path's time, both by kernel time")
+        elif copy:
+            out.append(f"% copy: of the measured device-to-device copy, {copy:.0f} GB/s "
+                       "(these results have no streaming reads)")
+        if is_older_run(rows):
+            out.append(OLDER_RUN_NOTE)
     return "\n".join(out).rstrip()
 
 
 def overhead_table(rows: list[dict], l: int = 1) -> str:
-    """Per path, from the sweep at batch count `l`: the time of the smallest call (mostly fixed
-    cost: launch, host work, ramp-up), the bandwidth at the largest, and the size at which moving
-    the data takes as long as that fixed cost. Well above that size, launch overhead stops mattering."""
+    """Per path, from the sweep at batch count `l`: the time of the smallest call by each measure
+    (mostly fixed cost), the bandwidth at the largest (kernel time), and the size at which moving
+    the data at that bandwidth takes as long as the fixed cost. Well above that size the fixed cost
+    stops mattering. Under kernel and leaderboard time the fixed cost is the GPU's (launch,
+    first loads, tail: the host's cost is hidden); under host-visible time the host's work counts too."""
     sweep = [r for r in _timed(rows) if r["shape_set"] == "sweep" and r["l"] == l]
+    measures = measures_in(rows)
     body = []
     for name in dict.fromkeys(r["path"] for r in sweep):
         mine = sorted((r for r in sweep if r["path"] == name), key=lambda r: r["bytes"])
@@ -163,26 +281,31 @@ def overhead_table(rows: list[dict], l: int = 1) -> str:
             continue
         small, big = mine[0], mine[-1]
         bw = gbps(big["bytes"], big["kernel_us"])
-        crossover = small["leaderboard_us"] * bw * 1e3  # bytes moved at bw during the fixed cost
-        body.append([name, f"{small['bytes'] / 1e6:.3g} MB", f"{small['leaderboard_us']:.1f}",
-                     f"{big['bytes'] / 1e6:.3g} MB", f"{bw:.0f}", f"{crossover / 1e6:.3g} MB"])
+        fixed = [small.get(time_column(m)) for m in measures]
+        body.append([name, f"{small['bytes'] / 1e6:.3g} MB", *(cell_text(t, ".1f") for t in fixed),
+                     f"{big['bytes'] / 1e6:.3g} MB", f"{bw:.0f}",
+                     *("-" if t is None else f"{t * bw * 1e3 / 1e6:.3g} MB" for t in fixed)])  # bytes moved at bw in t
     if not body:
         return f"(no path has two or more sweep sizes at L = {l})"
-    return text_table(["path", "smallest", "leaderboard us", "largest", "GB/s (kernel)",
-                          "fixed cost = data time at"], body)
+    labels = [measure_label(m, rows) for m in measures]
+    return text_table(["path", "smallest", *(f"{t} us" for t in labels), "largest", "GB/s (kernel)",
+                       *(f"break-even, {t}" for t in labels)], body)
 
 
 def geomean_table(rows: list[dict]) -> str:
-    """Geometric mean over the benchmark shapes (the leaderboard's score), per path with all shapes timed."""
+    """Geometric mean over the benchmark shapes (the leaderboard's score), per measure, per path
+    with all shapes timed."""
     shapes = {(r["m"], r["k"], r["l"]) for r in rows}
+    measures = measures_in(rows)
     body = []
     for name in dict.fromkeys(r["path"] for r in rows):
         mine = [r for r in rows if r["path"] == name]
         if len(mine) != len(shapes):
             continue
-        geo = [geomean(r[f"{m}_us"] for r in mine) for m in ("kernel", "leaderboard")]
-        body.append([name, f"{len(mine)} shapes", f"{geo[0]:.1f}", f"{geo[1]:.1f}"])
-    return text_table(["geomean", "over", "kernel us", "leaderboard us"], body)
+        times = [[r.get(time_column(m)) for r in mine] for m in measures]
+        body.append([name, f"{len(mine)} shapes",
+                     *(cell_text(geomean(t) if None not in t else None, ".1f") for t in times)])
+    return text_table(["geomean", "over", *(f"{measure_label(m, rows)} us" for m in measures)], body)
 
 
 # ------------------------------------------------------------------------------ figures
@@ -213,11 +336,27 @@ def _bytes_axis(ax) -> None:
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
-def roofline_figure(rows: list[dict]):
-    """Bytes per call against time per call (log-log), both timings, with the measured ceilings.
+_PANEL_TITLES = {"kernel": "kernel time: median, calls back to back",
+                 "leaderboard": "leaderboard time: mean, timed as the public harness does (host cost hidden)",
+                 "host-visible": "host-visible time: median, the GPU idle at each call (host cost counts)"}
 
-    The sweep is drawn as lines (solid L = 1, dashed L = 4), the benchmark shapes as stars. A path
-    on the ceiling line moves its bytes at the speed of the device-to-device copy."""
+
+def _best_read_points(rows: list[dict], measure: str) -> list[tuple[int, float]]:
+    """(bytes, time) of the best streaming read at each shape, by `measure` (the reads are timed by
+    kernel and leaderboard time only); empty without reads."""
+    if measure not in ("kernel", "leaderboard"):
+        return []
+    column = time_column(measure)
+    return sorted((r["bytes"], r[column]) for r in best_reads(read_rows(rows), measure_name=measure).values())
+
+
+def roofline_figure(rows: list[dict]):
+    """Bytes per call against time per call (log-log), a panel per measure, with the ceilings.
+
+    The sweep is drawn as lines (solid L = 1, dashed L = 4), the benchmark shapes as stars. The
+    ceiling is the best streaming read of the same bytes where the results have reads (a dashed
+    black line through the reads), else the copy bandwidth; the copy and reduction lines are drawn
+    for scale either way."""
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
@@ -227,42 +366,56 @@ def roofline_figure(rows: list[dict]):
     copy, reduction = _ceiling(rows, "copy"), _ceiling(rows, "reduction")
     batches = sorted({r["l"] for r in timed if r["shape_set"] == "sweep"})
     styles = dict(zip(batches, ("-", "--", ":", "-.")))
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    measures = measures_in(rows) or ["kernel"]
+    fig, axes = plt.subplots(1, len(measures), figsize=(5.2 * len(measures) + 1.5, 5), sharey=True, squeeze=False)
+    axes = axes[0]
     sizes = [r["bytes"] for r in timed] or [1e6, 1e8]
     xs = [min(sizes) / 1.5, max(sizes) * 1.5]
-    for ax, mode in zip(axes, ("kernel", "leaderboard")):
+    any_reads = False
+    for ax, mode in zip(axes, measures):
+        column = time_column(mode)
         for name, color in colors.items():
-            mine = [r for r in timed if r["path"] == name]
+            mine = [r for r in timed if r["path"] == name and r.get(column) is not None]
             for l, style in styles.items():
-                pts = sorted((r["bytes"], r[f"{mode}_us"]) for r in mine if r["shape_set"] == "sweep" and r["l"] == l)
+                pts = sorted((r["bytes"], r[column]) for r in mine if r["shape_set"] == "sweep" and r["l"] == l)
                 if pts:
                     ax.plot(*zip(*pts), style, marker="o", ms=3, color=color, lw=1.3)
-            bench = [(r["bytes"], r[f"{mode}_us"]) for r in mine if r["shape_set"] == "benchmark"]
+            bench = [(r["bytes"], r[column]) for r in mine if r["shape_set"] == "benchmark"]
             if bench:
                 ax.plot(*zip(*bench), "*", ms=11, color=color, mec="black", mew=0.6)
         for bw, style in ((copy, "-"), (reduction, ":")):
             if bw:
                 ax.plot(xs, [x / (bw * 1e3) for x in xs], style, color="black", lw=1.8, alpha=0.8)
+        reads = _best_read_points(rows, mode)
+        if reads:
+            any_reads = True
+            ax.plot(*zip(*reads), "--", marker="x", ms=5, color="black", lw=1.5)
         _bytes_axis(ax)
         ax.set_yscale("log")
         ax.set_xlabel("bytes per call (A, B, scales, c)")
-        ax.set_title("kernel time (calls back to back)" if mode == "kernel"
-                     else "leaderboard time (each call on its own, host included)", fontsize=10)
+        older = measure_label(mode, rows) != mode
+        ax.set_title(_PANEL_TITLES[mode] + ("\nolder run: the column it called leaderboard time" if older else ""),
+                     fontsize=9)
         ax.grid(True, which="both", alpha=0.25)
-    axes[0].set_ylabel("median time per call (us), L2 flushed")
+    axes[0].set_ylabel("time per call (us), L2 flushed")
     handles = [Line2D([], [], color=c, marker="o", ms=5, lw=2, label=labels[n]) for n, c in colors.items()]
     handles += [Line2D([], [], color="grey", ls=s, label=f"sweep, L = {l}") for l, s in styles.items()]
     handles.append(Line2D([], [], ls="", marker="*", ms=11, color="white", mec="black", label="benchmark shapes"))
-    handles += [Line2D([], [], color="black", ls=s, lw=1.8, label=f"{t} ceiling, {bw:.0f} GB/s")
-                for bw, s, t in ((copy, "-", "copy"), (reduction, ":", "reduction")) if bw]
+    if any_reads:
+        handles.append(Line2D([], [], color="black", ls="--", marker="x", lw=1.5,
+                              label="ceiling: best streaming read of the same bytes"))
+    handles += [Line2D([], [], color="black", ls=s, lw=1.8, label=f"{t}, {bw:.0f} GB/s (2 GiB)")
+                for bw, s, t in ((copy, "-", "copy" if any_reads else "ceiling: copy"), (reduction, ":", "reduction"))
+                if bw]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(f"NVFP4 GEMV, time against bytes moved: {_device_title(rows)}", fontsize=11)
+    fig.suptitle(f"NVFP4 GEMV, time against bytes moved: {_device_title(rows)}\n{ceiling_note(rows)}", fontsize=10)
     fig.tight_layout()
     return fig
 
 
 def bars_figure(rows: list[dict]):
-    """Every path and peer at the benchmark shapes: leaderboard time as bars, kernel time as dots."""
+    """Every path and peer at the benchmark shapes: leaderboard time (host-visible time in an older
+    run) as bars, kernel time as dots, host-visible time as crosses, and per shape the ceiling."""
     import matplotlib.pyplot as plt
 
     timed = [r for r in _timed(rows) if r["shape_set"] == "benchmark"]
@@ -270,32 +423,48 @@ def bars_figure(rows: list[dict]):
     shapes = list(dict.fromkeys((r["m"], r["k"], r["l"]) for r in timed))
     names = list(colors)
     copy = _ceiling(rows, "copy")
+    score = score_measure(rows)
+    column = time_column(score)
+    crosses = score != "host-visible" and "host-visible" in measures_in(rows)
+    reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(read_rows(rows), measure_name=score).values()
+             } if score in ("kernel", "leaderboard") else {}
     fig, ax = plt.subplots(figsize=(max(7, 1.2 + 0.45 * len(names) * max(1, len(shapes))), 5))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):
-        mine = {(r["m"], r["k"], r["l"]): r for r in timed if r["path"] == name}
+        mine = {(r["m"], r["k"], r["l"]): r for r in timed if r["path"] == name and r.get(column) is not None}
         xs = [i + (j - (len(names) - 1) / 2) * width for i, s in enumerate(shapes) if s in mine]
         got = [mine[s] for s in shapes if s in mine]
+        if not got:
+            continue
         peer = got[0]["kind"] == "peer"
-        ax.bar(xs, [r["leaderboard_us"] for r in got], width, color=colors[name], edgecolor="black", lw=0.4,
+        ax.bar(xs, [r[column] for r in got], width, color=colors[name], edgecolor="black", lw=0.4,
                hatch="//" if peer else None, label=got[0]["label"])
         ax.plot(xs, [r["kernel_us"] for r in got], "o", color="black", ms=3)
+        if crosses:
+            ax.plot(xs, [r.get("host_visible_us") for r in got], "x", color="black", ms=4)
     for i, s in enumerate(shapes):
-        nbytes = bytes_moved(Shape(*s))
-        if copy:
-            ax.hlines(nbytes / (copy * 1e3), i - 0.45, i + 0.45, colors="black", lw=1.5)
+        if s in reads:
+            ax.hlines(reads[s], i - 0.45, i + 0.45, colors="black", lw=1.5, linestyles="--")
+        elif copy:
+            ax.hlines(bytes_moved(Shape(*s)) / (copy * 1e3), i - 0.45, i + 0.45, colors="black", lw=1.5)
         if Shape(*s) in B200_SPEED_OF_LIGHT_US:
             ax.hlines(B200_SPEED_OF_LIGHT_US[Shape(*s)], i - 0.45, i + 0.45, colors="tab:red", lw=1.2,
                       linestyles="--")
     ax.plot([], [], "o", color="black", ms=3, label="kernel time (dot)")
-    ax.plot([], [], "-", color="black", label="bytes / measured copy bandwidth")
+    if crosses:
+        ax.plot([], [], "x", color="black", ms=4, label="host-visible time (cross)")
+    if reads:
+        ax.plot([], [], "--", color="black", label=f"best streaming read of the same bytes ({score} time)")
+    if copy and len(reads) < len(shapes):
+        ax.plot([], [], "-", color="black", label="bytes / measured copy bandwidth")
     if any(Shape(*s) in B200_SPEED_OF_LIGHT_US for s in shapes):
         ax.plot([], [], "--", color="tab:red", label="B200 speed of light")
     ax.set_xticks(range(len(shapes)),
                   [f"{m}x{k}x{l}\n{bytes_moved(Shape(m, k, l)) / 1e6:.1f} MB" for m, k, l in shapes])
     ax.set_yscale("log")
-    ax.set_ylabel("median us per call (bars: leaderboard timing)")
-    ax.set_title(f"All paths and peers at the benchmark shapes: {_device_title(rows)}", fontsize=11)
+    ax.set_ylabel(f"us per call (bars: {measure_label(score, rows)} time, {STATISTIC[score]})")
+    ax.set_title(f"All paths and peers at the benchmark shapes: {_device_title(rows)}\n{ceiling_note(rows)}",
+                 fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.25)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()

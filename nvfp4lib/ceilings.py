@@ -4,7 +4,7 @@ under the same flush and timing as the GEMV, measured in the same run.
 A ceiling is the best of several independent reads of a buffer of exactly the shape's byte count
 (`problem.bytes_moved`, rounded up to whole 64-byte groups), never one implementation's:
 
-* "cute": `cute_bench.StreamRead`, 16-byte loads, 4 independent ones per thread, in address order;
+* "cute": `StreamRead` (a CuTe DSL kernel), 16-byte loads, 4 independent ones per thread, in address order;
 * "triton": a Triton kernel with 16-byte loads, the best of `TRITON_LAUNCH_SHAPES` for each buffer;
 * "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy).
 
@@ -15,8 +15,6 @@ dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode 
 2 GiB (shape_set "ceiling"), so that the floor can be taken apart: the fixed cost of a call (launch,
 first-load latency, tail), the write-back of the flush's dirty lines, and bytes over bandwidth.
 """
-
-from __future__ import annotations
 
 import functools
 from typing import Callable, Iterable, NamedTuple
@@ -115,6 +113,74 @@ class TritonRead:
         return best._replace(note=f"{best.note} (best of {len(timed)} launch shapes)")
 
 
+def compile_stream_read(arch: str | None = None, options: str = ""):
+    """The CuTe DSL kernel of `StreamRead`, compiled for TVM-FFI calls (src pointer, 16-byte vector
+    count, sink pointer, stream). `arch` None compiles for this GPU; e.g. "sm_100a" cross-compiles
+    without one. `options` are extra CuTe DSL compile options (e.g. --keep-ptx --dump-dir DIR).
+    (This module has no `from __future__ import annotations`: the DSL reads the kernels'
+    annotations, which name the locally imported `cutlass` and `cute`.)"""
+    import cutlass
+    from cutlass.cute.runtime import make_fake_stream
+
+    from nvfp4lib.cute_gemv import cute, ld_global_v4_if
+
+    threads, loads = StreamRead.THREADS, StreamRead.LOADS
+
+    @cute.kernel
+    def kernel(src: cute.Tensor, n_vec: cutlass.Int32, sink: cute.Tensor):
+        total = cute.arch.grid_dim()[0] * threads
+        first = cute.arch.block_idx()[0] * threads + cute.arch.thread_idx()[0]
+        x = cutlass.Int32(0)
+        for u in cutlass.range_constexpr(loads):
+            i = first + u * total
+            for w in ld_global_v4_if(src.iterator + cutlass.Int64(i) * 16, i < n_vec, ".nc.L1::no_allocate"):
+                x = x ^ w
+        if x == cutlass.Int32(0x5EEDF00D):
+            sink[0] = x
+
+    @cute.jit
+    def launch(src_ptr: cutlass.Int64, n_vec: cutlass.Int32, sink_ptr: cutlass.Int64, stream):
+        src = cute.make_tensor(cute.make_ptr(cutlass.Uint8, src_ptr, cute.AddressSpace.gmem, assumed_align=16),
+                               cute.make_layout(n_vec * 16))
+        sink = cute.make_tensor(cute.make_ptr(cutlass.Int32, sink_ptr, cute.AddressSpace.gmem, assumed_align=4),
+                                cute.make_layout(1))
+        blocks = (n_vec + threads * loads - 1) // (threads * loads)
+        kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
+
+    arch_option = f" --gpu-arch {arch}" if arch else ""
+    return cute.compile(launch, cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0), make_fake_stream(),
+                        options=f"--enable-tvm-ffi{arch_option} {options}")
+
+
+class StreamRead:
+    """A loads-only kernel that reads a buffer once in address order, 16 bytes per load.
+
+    Every thread issues 4 independent 128-bit loads, thread t reading vectors t, t + T,
+    t + 2T, t + 3T (T threads in all), so the whole GPU sweeps one compact window of
+    memory, the access pattern DRAM serves best. It XORs what it read and writes it only
+    if it equals a value no buffer of ours produces, so the loads cannot be removed.
+    """
+
+    THREADS, LOADS = 256, 4
+
+    def __init__(self):
+        from nvfp4lib.cute_gemv import current_stream_handle
+
+        self.fn = compile_stream_read()
+        self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
+        self._stream = current_stream_handle
+
+    def __call__(self, buf: torch.Tensor) -> None:
+        """Read `buf` (uint8, a whole number of 16-byte vectors, e.g. `read_buffer`) once."""
+        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), self._stream(buf.device.index))
+
+
+@functools.cache
+def stream_reader() -> StreamRead:
+    """One compiled StreamRead per process."""
+    return StreamRead()
+
+
 class CuteRead:
     name, label = "cute", "streaming read: CuTe StreamRead, 16-byte loads"
 
@@ -126,8 +192,6 @@ class CuteRead:
         return None
 
     def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
-        from nvfp4lib.cute_bench import stream_reader  # imported here: cute_bench builds on this module
-
         reader = stream_reader()
         return BoundRead(lambda: reader(buf), f"{reader.THREADS} threads x {reader.LOADS} loads of 16 bytes",
                          reader.sink)

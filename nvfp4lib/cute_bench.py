@@ -6,8 +6,8 @@ untouched input), then times each variant at the benchmark shapes three ways (`h
 kernel time (calls back to back, host cost hidden), leaderboard time (the leaderboard's own method:
 its flush enqueued right before each call, the mean until its stopping rule stops) and host-visible
 time (each call with the GPU idle: host cost included). In the same run it measures the
-streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the best of a CuTe, a
-Triton and a PyTorch read, `StreamRead` below being the CuTe one), against which each kernel is
+streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the best of a CuTe
+(`ceilings.StreamRead`), a Triton and a PyTorch read), against which each kernel is
 judged: "% of best read" is the best read's time as a percentage of the kernel's, per measure.
 ``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`bench_report.write_csv`).
 """
@@ -15,24 +15,15 @@ judged: "% of best read" is the best read's time as a percentage of the kernel's
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
-
-import torch
 
 from .bench import cell_text
 from .bench_report import write_csv
 from .ceilings import ceiling_table, percent_of_read, read_ceilings
-from .cute_gemv import CuteGemv, FastConfig, _current_stream, _ld_global_v4_if, cute
+from .cute_gemv import CuteGemv, FastConfig
 from .device import capabilities
 from .harness import check_once, measure, timing_fields
 from .problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input
-
-try:  # CuTe DSL is optional (see cute_gemv)
-    import cutlass
-    from cutlass.cute.runtime import make_fake_stream
-except ImportError:  # pragma: no cover
-    cutlass = None
 
 EXTRA_SHAPES = [Shape(128, 64, 1), Shape(128, 192, 3), Shape(1024, 4096, 8), Shape(16384, 2048, 8), Shape(16384, 1024, 1)]
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
@@ -58,56 +49,6 @@ def parse_config(text: str) -> FastConfig:
     if 128 % cfg.rows_per_block or cfg.rows_per_warp > 32:
         raise SystemExit(f"--configs: rows per block R*W must divide 128 (and R <= 32), got {text!r}")
     return cfg
-
-
-class StreamRead:
-    """A loads-only kernel that reads a buffer once in address order, 16 bytes per load.
-
-    Every thread issues 4 independent 128-bit loads, thread t reading vectors t, t + T,
-    t + 2T, t + 3T (T threads in all), so the whole GPU sweeps one compact window of
-    memory, the access pattern DRAM serves best. It XORs what it read and writes it only
-    if it equals a value no buffer of ours produces, so the loads cannot be removed.
-    """
-
-    THREADS, LOADS = 256, 4
-
-    def __init__(self):
-        threads, loads = self.THREADS, self.LOADS
-
-        @cute.kernel
-        def kernel(src: cute.Tensor, n_vec: cutlass.Int32, sink: cute.Tensor):
-            total = cute.arch.grid_dim()[0] * threads
-            first = cute.arch.block_idx()[0] * threads + cute.arch.thread_idx()[0]
-            x = cutlass.Int32(0)
-            for u in cutlass.range_constexpr(loads):
-                i = first + u * total
-                for w in _ld_global_v4_if(src.iterator + cutlass.Int64(i) * 16, i < n_vec, ".nc.L1::no_allocate"):
-                    x = x ^ w
-            if x == cutlass.Int32(0x5EEDF00D):
-                sink[0] = x
-
-        @cute.jit
-        def launch(src_ptr: cutlass.Int64, n_vec: cutlass.Int32, sink_ptr: cutlass.Int64, stream):
-            src = cute.make_tensor(cute.make_ptr(cutlass.Uint8, src_ptr, cute.AddressSpace.gmem, assumed_align=16),
-                                   cute.make_layout(n_vec * 16))
-            sink = cute.make_tensor(cute.make_ptr(cutlass.Int32, sink_ptr, cute.AddressSpace.gmem, assumed_align=4),
-                                    cute.make_layout(1))
-            blocks = (n_vec + threads * loads - 1) // (threads * loads)
-            kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
-
-        self.fn = cute.compile(launch, cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0), make_fake_stream(),
-                               options="--enable-tvm-ffi")
-        self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
-
-    def __call__(self, buf: torch.Tensor) -> None:
-        """Read `buf` (uint8, a whole number of 16-byte vectors, e.g. `ceilings.read_buffer`) once."""
-        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), _current_stream(buf.device.index))
-
-
-@functools.cache
-def stream_reader() -> StreamRead:
-    """One compiled StreamRead per process."""
-    return StreamRead()
 
 
 def variants(configs):

@@ -252,7 +252,7 @@ def _block_dot_lut(a_words, b_bytes):
 
 # --------------------------------------------------------------------------- fast kernel
 
-def _ld_global_v4_if(ptr, pred, hint: str):
+def ld_global_v4_if(ptr, pred, hint: str):
     """128-bit load that yields zeros where ``pred`` is false (K tails, pipeline end)."""
     return cute.arch.inline_ptx(
         "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n"
@@ -287,12 +287,12 @@ def _stage_loads(stage, group, chunk0, n_chunks, live, rows: int, unroll: int, a
     for u in range(unroll):
         chunk = chunk0 + 32 * u
         ok = live & (chunk < n_chunks)
-        words = _ld_global_v4_if(group.b_row + chunk * 16, ok, ".nc")
+        words = ld_global_v4_if(group.b_row + chunk * 16, ok, ".nc")
         for i in range(4):
             b_buf[4 * u + i] = words[i]
         sfb_buf[u] = _ld_global_u16_if(group.sfb_row + group.scale_offset(chunk), ok)
         for r in range(rows):
-            words = _ld_global_v4_if(group.a_rows[r] + chunk * 16, ok, a_load)
+            words = ld_global_v4_if(group.a_rows[r] + chunk * 16, ok, a_load)
             for i in range(4):
                 a_buf[(r * unroll + u) * 4 + i] = words[i]
             sfa_buf[r * unroll + u] = _ld_global_u16_if(group.sfa_rows[r] + group.scale_offset(chunk), ok)
@@ -695,12 +695,12 @@ class CuteGemv:
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device = self._prepare(data)
-        handle = _current_stream(device) if stream is None else stream.cuda_stream
+        handle = current_stream_handle(device) if stream is None else stream.cuda_stream
         fn(*args, handle if self.tvm_ffi else stream_argument(handle, False))
         return data[-1]
 
 
-def _current_stream(device: int) -> int:
+def current_stream_handle(device: int) -> int:
     """The raw handle of this device's current stream (a C call; no Stream object is built)."""
     return torch._C._cuda_getCurrentRawStream(device)
 

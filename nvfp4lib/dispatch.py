@@ -37,11 +37,12 @@ from typing import Callable
 import torch
 
 from nvfp4lib import scaled_mm
-from nvfp4lib.bench import geomean, time_leaderboard
+from nvfp4lib.bench import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, StoppingRule, geomean
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.graphs import GraphedGemv
+from nvfp4lib.harness import check_bound, measure
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, generate_input
-from nvfp4lib.reference import check, poison_, reference_gemv
+from nvfp4lib.reference import reference_gemv
 from nvfp4lib.streams import StreamPool, run_batches
 from nvfp4lib.validate import validate_gemv_input
 
@@ -157,7 +158,7 @@ def shape_class(shape) -> str:
 class Table:
     """Measured choices of one GPU model.
 
-    ``entries``: shape class -> {"path": fastest, "median_us": {path: us}, "shapes": [[m, k, l]]};
+    ``entries``: shape class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]};
     ``skipped``: path -> why it was not timed (not available here, or a wrong result).
     """
     device: str
@@ -262,7 +263,7 @@ def choose(shape, *, on_cuda: bool | None = None, caps: Capabilities | None = No
     if caps.fp4_gemm and on_cuda and name == BLACKWELL_DEFAULT:
         entry = tab.entries.get(key) if tab is not None and tab.device == caps.name else None
         if entry is not None:
-            times = ", ".join(f"{p} {us:.1f} us" for p, us in sorted(entry["median_us"].items()))
+            times = ", ".join(f"{p} {us:.1f} us" for p, us in sorted(entry["mean_us"].items()))
             return Decision(entry["path"], f"measured on {tab.device}: {times}", key, "table")
         return Decision(name, f"{DEFAULT_NOTE}: Blackwell, no measured entry for {key}; the CuTe "
                         "kernel reads the bytes once with hardware FP4 decode, cuBLAS pads the vector to a "
@@ -352,40 +353,58 @@ def custom_kernel(data) -> torch.Tensor:
 # Calibration
 
 
-def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, reps: int = 50,
-              warmup: int = 5, seed: int = 0, install: bool = True) -> Table:
-    """Time every available candidate on every shape here, the way the leaderboard does, and
-    keep per shape class the fastest one whose result passed the reference check.
+def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, rule: StoppingRule = BENCHMARK_RULE,
+              warmup_rule: StoppingRule | None = BENCHMARK_WARMUP_RULE, seed: int = 0, install: bool = True,
+              log: Callable[[str], None] | None = None) -> Table:
+    """Time every available candidate on every shape here as the leaderboard times a submission,
+    and keep per shape class the fastest one whose result passed the reference check.
 
-    Runs on whatever device this is (wall clock on a CPU, useful only to test the logic).
-    Several shapes of one class are ranked by the geometric mean of their times. Graph paths
-    may be listed, but they win only when the very same tensors come back call after call (a
-    new set of tensors means a new capture, milliseconds), so they are not candidates by default.
+    Each (shape, path): one call on a clone of the input, its c poisoned, checked against the
+    untouched input (`harness.check_bound`), then leaderboard time of that call until `rule` says
+    stop (`harness.measure`); a path's first timing is preceded by a warm-up benchmark under
+    `warmup_rule` (None: none), as the leaderboard warms up a submission. Paths are ranked by the
+    mean, the leaderboard's figure; several shapes of one class by the geometric mean of their means. `log` receives one line per (shape,
+    path), before its work, for progress.
+
+    Runs on whatever device this is (wall clock on a CPU, useful only to test the logic). Graph
+    paths may be listed, but they win only when the very same tensors come back call after call
+    (a new set of tensors means a new capture, milliseconds), so they are not candidates by default.
     """
     for name in candidates:
         _check_name(name, "candidates")
+    say = log or (lambda line: None)
     caps = capabilities()
     device = "cuda" if caps.cuda else "cpu"
     tab = Table(caps.name, f"{caps.sm[0]}.{caps.sm[1]}" if caps.sm else None)
-    timed: dict = {}  # class -> {path: [median us per shape]}
-    for s in map(Shape._make, shapes):
+    timed: dict = {}  # class -> {path: [mean us per shape]}
+    warmed: set = set()
+    shapes = [Shape._make(s) for s in shapes]
+    total = len(shapes) * len(candidates)
+    for i, s in enumerate(shapes):
         key = shape_class(s)
-        entry = tab.entries.setdefault(key, {"path": None, "median_us": {}, "shapes": []})
+        entry = tab.entries.setdefault(key, {"path": None, "mean_us": {}, "shapes": []})
         entry["shapes"].append(list(s))
+        where = f"{s.m}x{s.k}x{s.l}"
         # unsigned scales, as NVFP4 has them: cuBLAS's FP4 GEMM reads its block scales as UE4M3
         data = generate_input(*s, seed=seed, device=device, negative_scales=False)
-        for name in candidates:
+        for j, name in enumerate(candidates):
+            step = f"({i * len(candidates) + j + 1}/{total})"
             why_not = PATHS[name].unavailable(caps, device == "cuda")
             if why_not is None:
+                say(f"timing {name} at {where} {step} ...")
                 fn = _build(name)
-                poison_(data[6])
-                result = check(fn(data), data)
+                result, call = check_bound(lambda given: lambda: fn(given), data)
                 why_not = None if result.ok else f"wrong result at {tuple(s)}: {result.message.splitlines()[0]}"
+            else:
+                say(f"skipping {name} at {where} {step}: {why_not}")
             if why_not is not None:
                 tab.skipped[name] = why_not
                 continue
-            t = time_leaderboard(lambda: fn(data), warmup=warmup, reps=reps)
-            timed.setdefault(key, {}).setdefault(name, []).append(t.median_us)
+            if warmup_rule is not None and name not in warmed:
+                measure(call, ("leaderboard",), rule=warmup_rule)
+                warmed.add(name)
+            t = measure(call, ("leaderboard",), rule=rule)["leaderboard"]
+            timed.setdefault(key, {}).setdefault(name, []).append(t.mean_us)
     for key, entry in list(tab.entries.items()):
         n = len(entry["shapes"])
         # a path that failed or was skipped at any shape of the class is out of the running there
@@ -393,7 +412,7 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CALIBRATION_CANDIDATES, *, rep
         if not geo:
             del tab.entries[key]
             continue
-        entry["median_us"] = geo
+        entry["mean_us"] = geo
         entry["path"] = min(geo, key=geo.get)
     if install:
         set_table(tab)

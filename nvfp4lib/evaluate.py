@@ -1,6 +1,7 @@
 """A local leaderboard: check and time a one-file submission the way the leaderboard does.
 
-``python -m nvfp4lib.evaluate submission.py [--mode test|benchmark|both] [--timeout S] [--time-limit S]``
+``python -m nvfp4lib.evaluate submission.py [--mode test|benchmark|ranked|both|all] [--secret-seed N]
+[--timeout S] [--time-limit S]``
 
 The submission runs in its own Python process, started fresh for each mode (as the leaderboard
 does), with a stand-in ``task`` module for ``from task import input_t, output_t`` and without
@@ -12,25 +13,38 @@ evaluation longer than `TIME_LIMIT_S` (--time-limit) kills the process and fails
 submission does (raise, exit, crash, hang, return the wrong kind of object) ends in a FAIL that
 names it. It is not a sandbox: see `python -m nvfp4lib.evaluate --help` for what is isolated.
 
-Test mode runs the test shapes on the leaderboard's own data and on full-range data
-(nvfp4lib.problem.generate_input), with the output poisoned first so an element left unwritten
-shows up, and then feeds new inputs twice (the tensors of the previous call overwritten in place,
-then new tensors) so a result cached from an earlier call is caught. Every output is compared with
-nvfp4lib.reference at rtol = atol = 1e-3. Benchmark mode times the benchmark shapes one call at a
-time with the L2 flushed (nvfp4lib.bench.time_leaderboard, run in the submission's process),
-against this device's copy bandwidth and, on a B200, the speed of light.
+The modes (`MODES`; "both" is test and benchmark, "all" adds ranked):
+
+* test: the test shapes on the leaderboard's own data and on full-range data
+  (nvfp4lib.problem.generate_input), with the output poisoned first so an element left unwritten
+  shows up, then new inputs twice (the tensors of the previous call overwritten in place, then
+  new tensors) so a result cached from an earlier call is caught. Every output is compared with
+  nvfp4lib.reference at rtol = atol = 1e-3.
+* benchmark: the leaderboard's benchmark mode. A warm-up benchmark of the first shape (not
+  reported), then per benchmark shape one checked call and leaderboard time
+  (nvfp4lib.bench.leaderboard_time, run in the submission's process: the leaderboard's flush
+  enqueued right before each call) on that one input, until the leaderboard's stopping rule says
+  stop. The figure is the MEAN ("leaderboard time (mean)", with std, error, best and worst), held
+  against this device's copy bandwidth and, on a B200, the speed of light.
+* ranked: what the leaderboard calls its "leaderboard" mode, the one it ranks by. As benchmark
+  mode, but before every timed call a new input with the seed advanced by
+  harness.RANKED_SEED_STEP, made here and passed to the submission's process untimed; that
+  process times the call (bench.time_one_call) and every result is checked here against the
+  untouched input; the first failing shape ends the mode. Passing each input between the
+  processes costs time the leaderboard does not spend, so within the rule's wall-clock limit
+  fewer calls may be timed here than there; each call is timed the same way.
+
+`--secret-seed N` mixes a secret into every seed as the leaderboard does (harness.combine_seed),
+so that the data cannot be known from the public seeds.
 
 Without CUDA, test mode runs `CPU_TEST_SHAPES` (the test shapes of at most 2^20 elements of A,
-so that a CPU run takes seconds) and timing is skipped.
+so that a CPU run takes seconds) and the timed modes are skipped.
 """
-
 from __future__ import annotations
 
 import argparse
-import builtins
+import dataclasses
 import functools
-import importlib.util
-import itertools
 import json
 import math
 import numbers
@@ -41,7 +55,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -49,17 +62,24 @@ from typing import Callable
 import torch
 
 import nvfp4lib.bench
-from nvfp4lib.bench import Timing, copy_bandwidth_gbps, gbps, geomean, percent, text_table
+from nvfp4lib import harness
+from nvfp4lib.bench import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geomean, leaderboard_time, percent,
+                            text_table)
 from nvfp4lib.device import capabilities
+from nvfp4lib.harness import RANKED_SEED_STEP, CheckFailed, combine_seed
 from nvfp4lib.problem import (B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved,
                               generate_input)
 from nvfp4lib.reference import check, poison_
+from nvfp4lib.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, TASK_SOURCE, SubmissionError,
+                                      has_directive, read_submission)
+from nvfp4lib.submission_file import load_submission  # noqa: F401 - part of this module's interface
 from nvfp4lib.validate import NAMES
 
-PACKAGE = "nvfp4lib"
 PACKAGE_DIR = Path(__file__).resolve().parent
-DIRECTIVE = "#!POPCORN leaderboard nvfp4_gemv"
-MODES = ("test", "benchmark", "both")
+PHASES = {"test": ("test",), "benchmark": ("benchmark",), "ranked": ("ranked",), "both": ("test", "benchmark"),
+          "all": ("test", "benchmark", "ranked")}  # a mode's phases, each in a fresh process
+MODES = tuple(PHASES)
+TIMED_PHASES = tuple(harness.MODES)  # "benchmark", "ranked": the phases that time calls
 CPU_MAX_ELEMENTS = 1 << 20  # M * K * L of the test shapes run without CUDA
 CPU_TEST_SHAPES = [s for s in TEST_SHAPES if s.m * s.k * s.l <= CPU_MAX_ELEMENTS]
 CASES = ("leaderboard data", "full-range data", "same tensors, new values", "new tensors")
@@ -70,105 +90,10 @@ TIME_LIMIT_S = 900.0    # the whole evaluation
 _STOP_GRACE_S = 10.0    # a process asked to stop may run its exit handlers this long
 _MAX_ANSWER_BYTES = 1 << 20
 _DETAILED_FAILURES = 3  # failures printed in full at the end; the rest by their first line
-MISSING_PACKAGE = ("No module named {name!r}: the leaderboard machine does not have " + PACKAGE
-                   + "; export the submission with `python -m " + PACKAGE + ".submission`, which inlines the "
-                   "code it needs")
-
-_loaded = itertools.count()
-
-
-class SubmissionError(RuntimeError):
-    """The file cannot be loaded as a submission (the message says why)."""
 
 
 class SubmissionProcessEnded(RuntimeError):
     """The submission's process is gone (it exited, crashed, hung or answered garbage); the message says how."""
-
-
-# ---------------------------------------------------------------------------------------------
-# The file
-
-
-TASK_SOURCE = '''"""Stand-in for the leaderboard's task module: the type aliases a submission imports."""
-import torch
-
-input_t = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-output_t = torch.Tensor
-'''
-
-
-def task_module() -> types.ModuleType:
-    task = types.ModuleType("task")
-    exec(TASK_SOURCE, task.__dict__)
-    return task
-
-
-def read_submission(path) -> str:
-    """The file's text, or a SubmissionError saying why it cannot be a submission."""
-    path = Path(path)
-    if not path.exists():
-        raise SubmissionError(f"{path}: no such file")
-    if not path.is_file():
-        raise SubmissionError(f"{path}: not a regular file")
-    if path.suffix != ".py":
-        raise SubmissionError(f"{path}: expected a Python file ending in .py")
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise SubmissionError(f"{path}: cannot be read: {err.strerror or err}") from err
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise SubmissionError(f"{path}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
-                              f"the leaderboard reads the file as UTF-8") from err
-
-
-def has_directive(source: str) -> bool:
-    """Whether the leading comment lines include the leaderboard directive."""
-    for line in source.splitlines():
-        if line.strip() == DIRECTIVE:
-            return True
-        if line.strip() and not line.lstrip().startswith("#"):
-            return False
-    return False
-
-
-def _without_package() -> dict:
-    """Builtins whose ``__import__`` refuses nvfp4lib: every import statement of the submission
-    (at import time and inside its functions) goes through it, even though this process has
-    nvfp4lib loaded."""
-    real_import = builtins.__import__
-
-    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-        if level == 0 and name.partition(".")[0] == PACKAGE:
-            raise ModuleNotFoundError(MISSING_PACKAGE.format(name=name), name=name)
-        return real_import(name, globals, locals, fromlist, level)
-
-    table = dict(vars(builtins))
-    table["__import__"] = guarded_import
-    return table
-
-
-def load_submission(path) -> types.ModuleType:
-    """Import the file into this process as a fresh module whose import statements cannot reach
-    nvfp4lib; it must define custom_kernel. For notebooks and tests that want the module object:
-    `evaluate` does not use it, it runs the file in a process where nvfp4lib does not exist."""
-    read_submission(path)
-    path = Path(path)
-    name = f"leaderboard_submission_{next(_loaded)}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__builtins__ = _without_package()
-    sys.modules.setdefault("task", task_module())
-    sys.modules[name] = module  # dataclasses and the CuTe DSL look the module up by name
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:  # noqa: BLE001 - whatever it is, the file does not load
-        del sys.modules[name]
-        raise SubmissionError(f"{path}: importing it failed: {type(err).__name__}: {err}") from err
-    if not callable(getattr(module, "custom_kernel", None)):
-        raise SubmissionError(f"{path}: defines no function custom_kernel(data)")
-    return module
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,20 +212,24 @@ def call(request):
             dst.copy_(src)
     else:
         given = state["given"] = tuple(t.clone() for t in original)
-    out = state["kernel"](given)
-    if DEVICE.type == "cuda":
-        torch.cuda.synchronize()
+    us = None
+    if request["timed"]:  # ranked mode: timed as the leaderboard times a call (it synchronizes after)
+        out, us = timing.time_one_call(lambda: state["kernel"](given))
+    else:
+        out = state["kernel"](given)
+        if DEVICE.type == "cuda":
+            torch.cuda.synchronize()
     problem = output_problem(out, original[-1])
     changed = [name for name, before, after in zip(config["input_names"], original, given)
                if not unchanged(before, after)]
     if problem is None:
         torch.save(out.detach().to("cpu", memory_format=torch.contiguous_format, copy=True), request["output"])
-    return {"ok": True, "problem": problem, "changed": changed}
+    return {"ok": True, "problem": problem, "changed": changed, "us": us}
 
 
 def time_calls(request):
     kernel, given = state["kernel"], state["given"]
-    result = timing.time_leaderboard(lambda: kernel(given), warmup=request["warmup"], reps=request["reps"])
+    result = timing.leaderboard_time(lambda: kernel(given), timing.StoppingRule(**request["rule"]))
     return {"ok": True, "timing": dataclasses.asdict(result)}
 
 
@@ -383,16 +312,20 @@ class SubmissionProcess:
         return self._ask({"kind": "load", "path": str(Path(path).resolve()), "expression": expression},
                          "importing it")
 
-    def call(self, data, reuse: bool = False) -> tuple[dict, torch.Tensor | None]:
+    def call(self, data, reuse: bool = False, timed: bool = False) -> tuple[dict, torch.Tensor | None]:
         """custom_kernel on a copy of `data` (or, with `reuse`, on the previous call's tensors given
-        `data`'s values) -> (answer, the float16 output on the CPU when it has the right kind)."""
+        `data`'s values) -> (answer, the float16 output on the CPU when it has the right kind).
+        With `timed` the call is timed there as the leaderboard times it: answer["us"]."""
         inputs, output = self.folder / "inputs.pt", self.folder / "output.pt"
         torch.save(tuple(data), inputs)
         try:
-            answer = self._ask({"kind": "call", "inputs": str(inputs), "output": str(output), "reuse": reuse},
-                               "the call")
+            answer = self._ask({"kind": "call", "inputs": str(inputs), "output": str(output), "reuse": reuse,
+                                "timed": timed}, "the call")
         finally:
             inputs.unlink(missing_ok=True)
+        us = answer.get("us")
+        if timed and answer["ok"] and (type(us) not in (int, float) or not 0 <= us < math.inf):
+            self._end(f"the timed call: its process sent back no time ({us!r})")
         if not answer["ok"] or answer.get("problem"):
             return answer, None
         try:
@@ -404,9 +337,10 @@ class SubmissionProcess:
             self._end(f"the call: its process sent back an unreadable output ({err})")
         return answer, out
 
-    def time(self, warmup: int, reps: int) -> dict:
-        """time_leaderboard of custom_kernel on the last call's tensors -> {"ok", "error" or "timing"}."""
-        return self._ask({"kind": "time", "warmup": warmup, "reps": reps}, "the timed calls", calls=warmup + reps)
+    def time(self, rule: StoppingRule) -> dict:
+        """Leaderboard time (bench.leaderboard_time) of custom_kernel on the last call's tensors, until
+        `rule` says stop -> {"ok", "error" or "timing"}."""
+        return self._ask({"kind": "time", "rule": dataclasses.asdict(rule)}, "the timed calls", calls=rule.max_calls)
 
     def _ask(self, request: dict, doing: str, calls: int = 1) -> dict:
         if self.ended:
@@ -550,6 +484,12 @@ def run_case(process: SubmissionProcess, data, shape: Shape, case: str, earlier=
         answer, out = process.call(data, reuse)
     except SubmissionProcessEnded as err:
         return CaseResult(shape, case, False, str(err)), None
+    return judge(answer, out, data, shape, case, earlier)
+
+
+def judge(answer: dict, out: torch.Tensor | None, data, shape: Shape, case: str, earlier=()):
+    """The verdict on one call's answer and output (`SubmissionProcess.call`) for the input `data`
+    -> (CaseResult, output copy or None); `earlier` as for `run_case`."""
     if not answer["ok"] or answer["problem"]:
         return CaseResult(shape, case, False, answer.get("error") or answer["problem"]), None
     result = check(out, data, rtol=RTOL, atol=ATOL)
@@ -574,7 +514,40 @@ def run_case(process: SubmissionProcess, data, shape: Shape, case: str, earlier=
     return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
 
 
-def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Callable[[str], None] | None = None):
+def data_seed(seed: int, secret_seed: int | None = None) -> int:
+    """The seed an input is generated with: `seed`, with the secret seed (if any) mixed in as the
+    leaderboard mixes it (harness.combine_seed)."""
+    return seed if secret_seed is None else combine_seed(seed, secret_seed)
+
+
+def seed_of_test(seed: int, shape_index: int, case_index: int) -> int:
+    """The public seed of test case `case_index` (of CASES) at shape `shape_index`."""
+    return 1000 * seed + 10 * shape_index + case_index
+
+
+def seed_of_benchmark(seed: int, shape_index: int) -> int:
+    """The public seed of the benchmark shape `shape_index` (its checked call; ranked mode advances it)."""
+    return 1000 * seed + 500 + shape_index
+
+
+def check_secret_seed(secret_seed, seed: int, n_test_shapes: int = len(TEST_SHAPES), ranked_calls: int = 0) -> int:
+    """`secret_seed` if, mixed into every seed of an evaluation with `seed` (its tests over
+    `n_test_shapes` shapes, its ranked mode advancing a seed `ranked_calls` times), it keeps them
+    all valid generator seeds (<= 2**64 - 1); else a ValueError naming the largest that does."""
+    secret_seed = check_integer("secret_seed", secret_seed, 0)
+    largest = max(seed_of_test(seed, n_test_shapes - 1, len(CASES) - 1),
+                  seed_of_benchmark(seed, len(BENCHMARK_SHAPES) - 1))
+    room = harness.MAX_SEED - RANKED_SEED_STEP * ranked_calls - largest  # for total (total + 1) / 2
+    most = (math.isqrt(8 * room + 1) - 1) // 2 - largest  # total = largest + secret
+    if secret_seed > most:
+        expected = f"an integer from 0 to {most}" if most >= 0 else "none at all (use a smaller --seed)"
+        raise ValueError(f"secret_seed: expected {expected}: mixed into the seeds of --seed {seed} a larger one "
+                         f"passes 2**64 - 1, the largest generator seed; got {secret_seed}")
+    return secret_seed
+
+
+def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Callable[[str], None] | None = None, *,
+              secret_seed: int | None = None):
     """The four CASES per shape; returns their CaseResults (stops where the process ends)."""
     results = []
     for i, shape in enumerate(shapes):
@@ -582,7 +555,7 @@ def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Ca
         for offset, case in enumerate(CASES):
             # full range, but unsigned scales: NVFP4's scales are UE4M3 (never negative in the
             # leaderboard's data), and cuBLAS's FP4 GEMM reads them so
-            data = generate_input(*shape, seed=1000 * seed + 10 * i + offset, device=device,
+            data = generate_input(*shape, seed=data_seed(seed_of_test(seed, i, offset), secret_seed), device=device,
                                   mode="leaderboard" if case == CASES[0] else "full", negative_scales=False)
             result, output = run_case(process, data, shape, case, earlier, reuse=case == CASES[2])
             earlier += [output] if result.ok else []  # returned again for new inputs, it was cached
@@ -595,16 +568,22 @@ def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Ca
 
 
 # ---------------------------------------------------------------------------------------------
-# Benchmark mode
+# Benchmark and ranked modes
+
+CHECK_CASES = {"benchmark": "benchmark data", "ranked": "ranked data"}  # the obligatory check of a shape
+TIMED_CASES = {"benchmark": "timed calls", "ranked": "ranked timed calls"}  # its timed calls, when they fail
 
 
 @dataclass
 class BenchResult:
+    """One benchmark shape's leaderboard time. The leaderboard's figure is the mean,
+    `timing.mean_us` (with std_us, err_us, best_us, worst_us); bandwidth and percentages follow it."""
     shape: Shape
     timing: Timing
     bandwidth_gbps: float
     percent_of_copy: float
     percent_of_b200_sol: float | None  # B200 speed-of-light time as a % of this time (B200 only)
+    checked: int = 0  # timed results checked against the reference: every one in ranked mode, none in benchmark mode
 
 
 def is_b200() -> bool:
@@ -612,33 +591,108 @@ def is_b200() -> bool:
     return caps.cuda and "B200" in caps.name
 
 
-def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float, *, seed: int = 0,
-                   warmup: int = 10, reps: int = 100, log: Callable[[str], None] | None = None):
-    """Check each benchmark shape once, then time it -> (BenchResults, CaseResults)."""
+def stopping_rules(mode: str, reps: int | None = None, warmup: int | None = None):
+    """The leaderboard's rules of `mode` (harness.MODES) -> (rule, warm-up rule or None). `reps`
+    caps the timed calls per shape, `warmup` the calls of the warm-up benchmark (0: no warm-up)."""
+    rules = harness.MODES[mode]
+    rule = rules.rule if reps is None else dataclasses.replace(rules.rule, max_calls=reps)
+    if warmup == 0:
+        return rule, None
+    return rule, rules.warmup_rule if warmup is None else dataclasses.replace(rules.warmup_rule, max_calls=warmup)
+
+
+def _timed_in_process(process: SubmissionProcess, rule: StoppingRule) -> dict:
+    """Benchmark mode's timed calls, made and timed in the submission's process -> its answer."""
+    try:
+        return process.time(rule)
+    except SubmissionProcessEnded as err:
+        return {"ok": False, "error": str(err)}
+
+
+def _ranked_calls(process: SubmissionProcess, shape: Shape, seed: int, device, rule: StoppingRule, first_output):
+    """Ranked mode's timed calls at one shape -> (Timing or None, CaseResult of a failure or None,
+    results checked).
+
+    Before every call a new input with the seed advanced by RANKED_SEED_STEP is made here and its c
+    poisoned; the submission's process gets it (untimed) and times the call on a copy
+    (bench.time_one_call); its result is judged here against the untouched input, as in test mode.
+    `first_output` is the checked call's output, to name a result cached from it as stale."""
+    current = {"seed": seed, "calls": 0}
+    earlier = [first_output]  # the previous call's correct output: returned for a new input, it was cached
+
+    def new_input():
+        current["seed"] += RANKED_SEED_STEP
+        current["data"] = generate_input(*shape, seed=current["seed"], mode="leaderboard", device=device)
+        poison_(current["data"][6])
+
+    def timed_there(call):
+        answer, output = call()
+        return (answer, output), answer.get("us")
+
+    def check_result(called):
+        answer, output = called
+        current["calls"] += 1
+        result, copy = judge(answer, output, current["data"], shape, TIMED_CASES["ranked"], earlier)
+        if not result.ok:
+            raise CheckFailed(f"timed call {current['calls']} (seed {current['seed']}): {result.message}")
+        earlier[:] = [copy]
+
+    try:
+        timing = leaderboard_time(lambda: process.call(current["data"], timed=True), rule, before=new_input,
+                                  after=check_result, time_call=timed_there)
+    except (CheckFailed, SubmissionProcessEnded) as err:
+        return None, CaseResult(shape, TIMED_CASES["ranked"], False, str(err)), current["calls"]
+    return timing, None, current["calls"]
+
+
+def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float, *, mode: str = "benchmark",
+                   seed: int = 0, secret_seed: int | None = None, rule: StoppingRule | None = None,
+                   warmup_rule: StoppingRule | None = None, log: Callable[[str], None] | None = None):
+    """The leaderboard's benchmark or ranked `mode` with the submission in `process` ->
+    (BenchResults, CaseResults).
+
+    First a warm-up benchmark of the first shape under `warmup_rule` (benchmark mode's calls, not
+    reported; None: no warm-up), then per shape one checked call on a new input and leaderboard
+    time under `rule` (default: the mode's, harness.MODES). Benchmark mode times custom_kernel on
+    that input again and again in its process; ranked mode gives it a new input before every call
+    and checks every result (`_ranked_calls`), and its first failing shape ends the run."""
+    if mode not in TIMED_PHASES:
+        raise ValueError(f"mode: expected one of {TIMED_PHASES}, got {mode!r}")
+    ranked = harness.MODES[mode].ranked
+    rule = harness.MODES[mode].rule if rule is None else rule
+    say = log or (lambda line: None)
     rows, checks = [], []
     b200 = is_b200()
+    if warmup_rule is not None and shapes:
+        data = generate_input(*shapes[0], seed=data_seed(seed_of_benchmark(seed, 0), secret_seed), mode="leaderboard",
+                              device=device)
+        warm, _ = run_case(process, data, shapes[0], "warm-up")
+        answer = _timed_in_process(process, warmup_rule) if warm.ok else {"ok": False, "error": warm.message}
+        say(f"warm-up benchmark at {_shape(shapes[0])}: "
+            + (f"{Timing(**answer['timing']).n} calls (not reported)" if answer["ok"] else "failed (the run says how)"))
     for i, shape in enumerate(shapes):
-        data = generate_input(*shape, seed=1000 * seed + 500 + i, mode="leaderboard", device=device)
-        result, _ = run_case(process, data, shape, "benchmark data")
-        if result.ok:
-            try:
-                answer = process.time(warmup, reps)
-            except SubmissionProcessEnded as err:
-                answer = {"ok": False, "error": str(err)}
-            if not answer["ok"]:
-                result = CaseResult(shape, "timed calls", False, answer["error"])
+        shape_seed = data_seed(seed_of_benchmark(seed, i), secret_seed)
+        data = generate_input(*shape, seed=shape_seed, mode="leaderboard", device=device)
+        result, output = run_case(process, data, shape, CHECK_CASES[mode])
+        timing, checked = None, 0
+        if result.ok and ranked:
+            timing, failure, checked = _ranked_calls(process, shape, shape_seed, device, rule, output)
+            result = failure or result
+        elif result.ok:
+            answer = _timed_in_process(process, rule)
+            if answer["ok"]:
+                timing = Timing(**answer["timing"])
+            else:
+                result = CaseResult(shape, TIMED_CASES[mode], False, answer["error"])
         checks.append(result)
-        if log:
-            log(result.line())
-        if process.ended:
+        say(result.line())
+        if timing is not None:
+            bw = gbps(bytes_moved(shape), timing.mean_us)
+            sol = B200_SPEED_OF_LIGHT_US.get(shape)
+            rows.append(BenchResult(shape, timing, bw, percent(bw, copy_gbps),
+                                    percent(sol, timing.mean_us) if b200 and sol else None, checked))
+        if process.ended or (ranked and not result.ok):
             break
-        if not result.ok:
-            continue
-        timing = Timing(**answer["timing"])
-        bw = gbps(bytes_moved(shape), timing.median_us)
-        sol = B200_SPEED_OF_LIGHT_US.get(shape)
-        rows.append(BenchResult(shape, timing, bw, percent(bw, copy_gbps),
-                                percent(sol, timing.median_us) if b200 and sol else None))
     return rows, checks
 
 
@@ -649,19 +703,22 @@ def _copy_bandwidth_gbps() -> float:
 
 
 def format_bench_table(rows: list[BenchResult]) -> str:
-    """shape, median us, GB/s, % of copy bandwidth, % of B200 speed of light, host us; geomean last."""
+    """Per shape the leaderboard time (its mean, as the leaderboard reports it, with the standard
+    error, std, best and worst), the timed calls, the bandwidth at the mean, % of copy bandwidth and
+    (on a B200) % of speed of light; geomeans last."""
     show_sol = any(r.percent_of_b200_sol is not None for r in rows)
-    header = ["shape", "median us", "GB/s", "% copy BW"] + (["% B200 SOL"] if show_sol else []) + ["host us"]
+    header = (["shape", "leaderboard time (mean) us", "+- err", "std", "best", "worst", "calls", "GB/s", "% copy BW"]
+              + (["% B200 SOL"] if show_sol else []))
     body = []
     for r in rows:
-        cells = [_shape(r.shape), f"{r.timing.median_us:.1f}", f"{r.bandwidth_gbps:.0f}", f"{r.percent_of_copy:.1f}"]
-        cells += [f"{r.percent_of_b200_sol:.1f}"] if show_sol else []
-        body.append(cells + ["-" if r.timing.host_us is None else f"{r.timing.host_us:.1f}"])
+        t = r.timing
+        cells = [_shape(r.shape), f"{t.mean_us:.2f}", f"{t.err_us:.2f}", f"{t.std_us:.2f}", f"{t.best_us:.2f}",
+                 f"{t.worst_us:.2f}", str(t.n), f"{r.bandwidth_gbps:.0f}", f"{r.percent_of_copy:.1f}"]
+        body.append(cells + ([f"{r.percent_of_b200_sol:.1f}"] if show_sol else []))
     if rows:
-        cells = ["geomean", f"{geomean(r.timing.median_us for r in rows):.1f}",
+        cells = ["geomean", f"{geomean(r.timing.mean_us for r in rows):.2f}", "", "", "", "", "",
                  f"{geomean(r.bandwidth_gbps for r in rows):.0f}", f"{geomean(r.percent_of_copy for r in rows):.1f}"]
-        cells += [f"{geomean(r.percent_of_b200_sol for r in rows):.1f}"] if show_sol else []
-        body.append(cells + [""])
+        body.append(cells + ([f"{geomean(r.percent_of_b200_sol for r in rows):.1f}"] if show_sol else []))
     lines = text_table(header, body, left=1).split("\n")
     if rows:
         lines.insert(len(lines) - 1, lines[1])  # a rule above the geomean row
@@ -669,7 +726,7 @@ def format_bench_table(rows: list[BenchResult]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Both, as one report
+# Every mode, as one report
 
 
 @dataclass
@@ -680,7 +737,8 @@ class Report:
     submission_path: str | None = None
     backend: str | None = None
     cases: list[CaseResult] = field(default_factory=list)
-    bench: list[BenchResult] = field(default_factory=list)
+    bench: list[BenchResult] = field(default_factory=list)   # benchmark mode
+    ranked: list[BenchResult] = field(default_factory=list)  # ranked mode
     copy_gbps: float | None = None
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -692,7 +750,13 @@ class Report:
 
     @property
     def geomean_us(self) -> float | None:
-        return geomean(r.timing.median_us for r in self.bench) if self.bench else None
+        """Geomean over the shapes of benchmark mode's leaderboard time (the mean of each)."""
+        return geomean(r.timing.mean_us for r in self.bench) if self.bench else None
+
+    @property
+    def ranked_geomean_us(self) -> float | None:
+        """Geomean over the shapes of ranked mode's leaderboard time: what the leaderboard ranks by."""
+        return geomean(r.timing.mean_us for r in self.ranked) if self.ranked else None
 
     def summary(self) -> str:
         if self.skipped:
@@ -703,8 +767,12 @@ class Report:
                 text = failure if i < _DETAILED_FAILURES else failure.splitlines()[0]
                 lines.append("  - " + text.replace("\n", "\n    "))
             return "\n".join(lines)
-        timed = f"; geomean {self.geomean_us:.1f} us" if self.bench else ""
-        return f"PASSED: {sum(c.ok for c in self.cases)} checks{timed}"
+        timed = [f"{name} {us:.2f} us" for name, us in (("benchmark", self.geomean_us),
+                                                         ("ranked", self.ranked_geomean_us)) if us is not None]
+        checked = sum(r.checked for r in self.ranked)
+        return (f"PASSED: {sum(c.ok for c in self.cases)} checks"
+                + (f" and {checked} ranked results" if checked else "")
+                + (f"; leaderboard time (mean), geomean: {', '.join(timed)}" if timed else ""))
 
 
 def check_integer(name: str, value, low: int, high: int | None = None) -> int:
@@ -747,27 +815,39 @@ def _load(process: SubmissionProcess, path, report: Report, cuda: bool, say: Cal
     return True
 
 
-def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes: bool = False,
-             warmup: int = 10, reps: int = 100, timeout: float = CALL_TIMEOUT_S, time_limit: float = TIME_LIMIT_S,
+def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None = None, shapes=None,
+             all_shapes: bool = False, warmup: int | None = None, reps: int | None = None,
+             timeout: float = CALL_TIMEOUT_S, time_limit: float = TIME_LIMIT_S,
              log: Callable[[str], None] | None = None) -> Report:
     """Run the local leaderboard on one file; `log` (e.g. print) sees each line as it happens.
 
-    `shapes` overrides the test shapes; without CUDA the default is CPU_TEST_SHAPES unless
-    `all_shapes`. `timeout` bounds each call of the submission (its import counts as one) and
-    `time_limit` the whole evaluation, in seconds. Nothing raises for a bad submission: problems
-    end up in `Report.failures` (bad arguments raise ValueError).
+    `mode` is one of MODES (see the module's docstring). `shapes` overrides the test shapes;
+    without CUDA the default is CPU_TEST_SHAPES unless `all_shapes`. `secret_seed` is mixed into
+    every seed (`data_seed`). The timed modes follow the leaderboard's stopping rules; `reps` caps
+    the timed calls per shape and `warmup` the calls of the warm-up benchmark (0: none). `timeout`
+    bounds each call of the submission (its import counts as one) and `time_limit` the whole
+    evaluation, in seconds. Nothing raises for a bad submission: problems end up in
+    `Report.failures` (bad arguments raise ValueError).
     """
     if mode not in MODES:
         raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
-    seed, warmup = check_integer("seed", seed, 0, MAX_SEED), check_integer("warmup", warmup, 0)
-    reps = check_integer("reps", reps, 1)
+    seed = check_integer("seed", seed, 0, MAX_SEED)
+    warmup = None if warmup is None else check_integer("warmup", warmup, 0)
+    reps = None if reps is None else check_integer("reps", reps, 1)
     timeout, time_limit = check_seconds("timeout", timeout), check_seconds("time_limit", time_limit)
+    caps = capabilities()
+    if shapes is None:
+        shapes = TEST_SHAPES if caps.cuda or all_shapes else CPU_TEST_SHAPES
+    phases = list(PHASES[mode])
+    if secret_seed is not None:
+        ranked_calls = stopping_rules("ranked", reps)[0].max_calls if "ranked" in phases else 0
+        secret_seed = check_secret_seed(secret_seed, seed, len(shapes), ranked_calls)
     deadline = time.monotonic() + time_limit
     say = log or (lambda line: None)
-    caps = capabilities()
     device = torch.device("cuda" if caps.cuda else "cpu")
     report = Report(Path(path), mode, caps.summary())
-    say(f"local leaderboard: {path} ({mode}) on {caps.summary()}")
+    say(f"local leaderboard: {path} ({mode}) on {caps.summary()}"
+        + ("; a secret seed is mixed into every seed" if secret_seed is not None else ""))
     try:
         source = read_submission(path)
     except SubmissionError as err:
@@ -777,29 +857,36 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, shapes=None, all_shapes
     if not has_directive(source):
         report.failures.append(f"{path}: the leading comment lines lack the directive line {DIRECTIVE!r}")
 
-    phases = [phase for phase in ("test", "benchmark") if mode in (phase, "both")]
-    if "benchmark" in phases and not caps.cuda:
-        report.notes.append("timing needs a CUDA GPU: benchmark skipped")
+    timed = [phase for phase in phases if phase in TIMED_PHASES]
+    if timed and not caps.cuda:
+        report.notes.append(f"timing needs a CUDA GPU: {' and '.join(timed)} skipped")
         say(report.notes[-1])
-        phases = phases[:-1] or ["import"]  # benchmark mode alone still checks that the file imports
+        phases = [phase for phase in phases if phase not in TIMED_PHASES] or ["import"]  # still checks the import
     for phase in phases:  # a fresh process per mode, as on the leaderboard
         with SubmissionProcess(device, timeout, deadline, time_limit) as process:
             if not _load(process, path, report, caps.cuda, say):
                 break
             if phase == "test":
-                if shapes is None:
-                    shapes = TEST_SHAPES if caps.cuda or all_shapes else CPU_TEST_SHAPES
                 if not caps.cuda and not all_shapes and list(shapes) == CPU_TEST_SHAPES:
                     report.notes.append(f"no CUDA: test shapes limited to M*K*L <= {CPU_MAX_ELEMENTS} "
                                         f"({len(CPU_TEST_SHAPES)} of {len(TEST_SHAPES)})")
                     say(report.notes[-1])
-                report.cases += run_tests(process, shapes, device, seed, log)
-            elif phase == "benchmark":
-                report.copy_gbps = _copy_bandwidth_gbps()
-                say(f"device copy bandwidth: {report.copy_gbps:.0f} GB/s (read + write)")
-                rows, checks = run_benchmarks(process, BENCHMARK_SHAPES, device, report.copy_gbps, seed=seed,
-                                              warmup=warmup, reps=reps, log=log)
-                report.bench, report.cases = rows, report.cases + checks
+                report.cases += run_tests(process, shapes, device, seed, log, secret_seed=secret_seed)
+            elif phase in TIMED_PHASES:
+                if report.copy_gbps is None:
+                    report.copy_gbps = _copy_bandwidth_gbps()
+                    say(f"device copy bandwidth: {report.copy_gbps:.0f} GB/s (read + write)")
+                rule, warmup_rule = stopping_rules(phase, reps, warmup)
+                say(f"{phase} mode: " + ("a new input before every timed call, every result checked"
+                                         if harness.MODES[phase].ranked else "one input, timed calls unchecked"))
+                rows, checks = run_benchmarks(process, BENCHMARK_SHAPES, device, report.copy_gbps, mode=phase,
+                                              seed=seed, secret_seed=secret_seed, rule=rule, warmup_rule=warmup_rule,
+                                              log=log)
+                if phase == "ranked":
+                    report.ranked = rows
+                else:
+                    report.bench = rows
+                report.cases += checks
                 if rows:
                     say(format_bench_table(rows))
             if process.ended:
@@ -859,11 +946,18 @@ def main(argv=None) -> int:
                      formatter_class=argparse.RawDescriptionHelpFormatter,
                      description="Check (and on a GPU, time) a one-file leaderboard submission.")
     parser.add_argument("file", help="the submission file, e.g. submission.py")
-    parser.add_argument("--mode", choices=MODES, default="both", help="test, benchmark or both (default)")
+    parser.add_argument("--mode", choices=MODES, default="both",
+                        help="test; benchmark (one input, timed calls unchecked); ranked (the leaderboard's "
+                             "'leaderboard' mode: a new input before every timed call, every result checked); "
+                             "both = test and benchmark (default); all = test, benchmark and ranked")
     parser.add_argument("--seed", type=_cli(lambda v: check_integer("seed", v, 0, MAX_SEED), int), default=0,
                         help=f"seed of the generated inputs, 0 to {MAX_SEED} (default 0)")
-    parser.add_argument("--reps", type=_cli(lambda v: check_integer("reps", v, 1), int), default=100,
-                        help="timed calls per benchmark shape")
+    parser.add_argument("--secret-seed", type=_cli(lambda v: check_integer("secret_seed", v, 0), int), metavar="N",
+                        help="mixed into every seed as the leaderboard mixes its secret seed (default: none)")
+    parser.add_argument("--reps", type=_cli(lambda v: check_integer("reps", v, 1), int),
+                        help="at most this many timed calls per benchmark shape (default: the leaderboard's "
+                             f"stopping rule alone decides, at most {harness.MODES['benchmark'].rule.max_calls} in "
+                             f"benchmark and {harness.MODES['ranked'].rule.max_calls} in ranked mode)")
     parser.add_argument("--all-shapes", action="store_true", help="all test shapes even without CUDA (slow)")
     parser.add_argument("--timeout", type=_cli(lambda v: check_seconds("timeout", v)), default=CALL_TIMEOUT_S,
                         metavar="SECONDS", help=f"limit per call of the submission, its import counting as one; "
@@ -871,9 +965,16 @@ def main(argv=None) -> int:
     parser.add_argument("--time-limit", type=_cli(lambda v: check_seconds("time_limit", v)), default=TIME_LIMIT_S,
                         metavar="SECONDS", help=f"limit for the whole evaluation (default {TIME_LIMIT_S:g})")
     args = parser.parse_args(argv)
+    if args.secret_seed is not None:
+        ranked_calls = stopping_rules("ranked", args.reps)[0].max_calls if "ranked" in PHASES[args.mode] else 0
+        try:
+            check_secret_seed(args.secret_seed, args.seed, len(TEST_SHAPES), ranked_calls)
+        except ValueError as err:
+            parser.error(f"argument --secret-seed: {str(err).partition(': ')[2]}")
     try:
-        report = evaluate(args.file, args.mode, seed=args.seed, all_shapes=args.all_shapes, reps=args.reps,
-                          timeout=args.timeout, time_limit=args.time_limit, log=print)
+        report = evaluate(args.file, args.mode, seed=args.seed, secret_seed=args.secret_seed,
+                          all_shapes=args.all_shapes, reps=args.reps, timeout=args.timeout,
+                          time_limit=args.time_limit, log=print)
     except KeyboardInterrupt:
         print("FAILED: interrupted")
         return 130

@@ -41,6 +41,7 @@ from nvfp4lib import reference
 from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             Timing, gbps, leaderboard_time, time_host_visible, time_kernel)
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, generate_input
+from nvfp4lib.submission_file import load_submission
 
 LEADERBOARD_SEED = 1111  # the seed of every case in the leaderboard's task file
 RANKED_SEED_STEP = 13    # ranked mode: added to the seed before every timed call
@@ -282,13 +283,11 @@ def run_mode(kernel: Callable, cases: Sequence[Case], mode: str = "benchmark", *
 
 def load_callable(spec: str, what: str = "kernel") -> Callable:
     """A callable named by `spec`: a submission file "path/to/file.py" (its custom_kernel, loaded
-    as nvfp4lib.evaluate loads submissions: nvfp4lib out of its reach) or "module:name"."""
+    with `submission_file.load_submission`: nvfp4lib out of its reach) or "module:name"."""
     if not isinstance(spec, (str, os.PathLike)):
         raise ValueError(f"{what}: expected 'file.py' or 'module:name', got {spec!r}")
     spec = os.fspath(spec)
     if spec.endswith(".py"):
-        from nvfp4lib.evaluate import load_submission  # imported here: evaluate builds on this module
-
         return load_submission(spec).custom_kernel
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:

@@ -1,6 +1,9 @@
 """Tests of the timing helpers: CPU tests check behaviour, never speed."""
+import ast
 import itertools
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,3 +297,14 @@ def test_leaderboard_flush_is_a_4_gib_float32_randn(monkeypatch):
     assert math.prod(*shape) * 4 == 4 << 30 and kw["device"].type == "cuda" and "dtype" not in kw
     with pytest.raises(ValueError, match="mode"):
         flush_l2(mode="randn")
+
+
+def test_bench_imports_only_the_standard_library_and_torch():
+    """nvfp4lib.evaluate runs this module's source in a submission's process, where nvfp4lib (or
+    anything else not on the leaderboard machine) cannot be imported: every import, at any depth."""
+    tree = ast.parse(Path(bench.__file__).read_text())
+    names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    tops = {name.partition(".")[0] for name in names}
+    assert "torch" in tops and tops - {"torch", "__future__"} <= set(sys.stdlib_module_names), tops
+    assert not any(isinstance(node, ast.ImportFrom) and node.level for node in ast.walk(tree)), "no relative imports"

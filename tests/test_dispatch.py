@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from nvfp4lib import dispatch
+from nvfp4lib.bench import StoppingRule, summarize
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, generate_input
 from nvfp4lib.reference import check, poison_
@@ -193,9 +194,9 @@ def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
 def _table_for(caps: Capabilities) -> dispatch.Table:
     big, many = BENCHMARK_SHAPES[0], BENCHMARK_SHAPES[1]
     return dispatch.Table(caps.name, "10.0", {
-        dispatch.shape_class(big): {"path": "scaled_mm", "median_us": {"scaled_mm": 20.0, "cute": 25.0},
+        dispatch.shape_class(big): {"path": "scaled_mm", "mean_us": {"scaled_mm": 20.0, "cute": 25.0},
                                     "shapes": [list(big)]},
-        dispatch.shape_class(many): {"path": "cute", "median_us": {"scaled_mm": 130.0, "cute": 30.0},
+        dispatch.shape_class(many): {"path": "cute", "mean_us": {"scaled_mm": 130.0, "cute": 30.0},
                                      "shapes": [list(many)]},
     })
 
@@ -239,24 +240,81 @@ def test_shape_classes():
     assert dispatch.shape_class((128, 256, 1)) == "L1-A2^14"
 
 
+FEW = StoppingRule(max_calls=3, budget_s=1e9, min_wall_s=1e9)  # exactly 3 timed calls
+
+
 def test_calibrate_times_checks_and_picks(monkeypatch):
     """On the CPU the timings are wall clock and meaningless, but the logic is the real one."""
     broken = dispatch.GemvPath("broken", "writes zeros", lambda: lambda d: d[6].zero_(), dispatch._anywhere)
     monkeypatch.setitem(dispatch.PATHS, "broken", broken)
     shapes = [Shape(128, 256, 1), Shape(128, 256, 2), Shape(256, 128, 2)]  # the last two: one class
-    tab = dispatch.calibrate(shapes, ("scaled_mm", "reference", "broken", "cute"), reps=2, warmup=1)
+    tab = dispatch.calibrate(shapes, ("scaled_mm", "reference", "broken", "cute"), rule=FEW, warmup_rule=FEW)
     assert tab.device == capabilities().name and dispatch.table() is tab
     assert set(tab.entries) == {"L1-A2^14", "L2-A2^14"}
     assert tab.entries["L2-A2^14"]["shapes"] == [[128, 256, 2], [256, 128, 2]]
     cute_here = dispatch.PATHS["cute"].unavailable(capabilities(), capabilities().cuda) is None
     for entry in tab.entries.values():
-        assert set(entry["median_us"]) == {"scaled_mm", "reference"} | ({"cute"} if cute_here else set())
-        assert entry["path"] == min(entry["median_us"], key=entry["median_us"].get)
+        assert set(entry["mean_us"]) == {"scaled_mm", "reference"} | ({"cute"} if cute_here else set())
+        assert entry["path"] == min(entry["mean_us"], key=entry["mean_us"].get)
     assert "wrong result" in tab.skipped["broken"]
     if not cute_here:
         assert "cute" in tab.skipped
     with pytest.raises(ValueError, match="unknown path"):
         dispatch.calibrate(shapes, ("nope",))
+
+
+def test_calibrate_checks_a_clone_against_the_untouched_input(monkeypatch):
+    """A path that zeroes A's scales gets zeros right for the inputs it changed: it is judged on the originals."""
+    def zero_scales(data):
+        data[2].view(torch.uint8).zero_()
+        return data[6].zero_()
+
+    monkeypatch.setitem(dispatch.PATHS, "zero_scales", dispatch.GemvPath(
+        "zero_scales", "zeroes sfa", lambda: zero_scales, dispatch._anywhere))
+    tab = dispatch.calibrate([Shape(128, 256, 1)], ("scaled_mm", "zero_scales"), rule=FEW, warmup_rule=None,
+                             install=False)
+    assert tab.skipped["zero_scales"].startswith("wrong result at (128, 256, 1)")
+    assert set(tab.entries["L1-A2^14"]["mean_us"]) == {"scaled_mm"}
+
+
+def test_calibrate_ranks_by_the_leaderboards_mean_and_warms_each_path_up_once(monkeypatch):
+    """Leaderboard time with the given rules; the mean decides, not the median."""
+    calls, built, real_build = [], [], dispatch._build
+    samples = {"scaled_mm": [1.0, 1.0, 40.0], "reference": [5.0, 6.0, 7.0]}
+
+    def build(name):
+        built.append(name)  # the path whose call is measured next
+        return real_build(name)
+
+    def fake_measure(fn, measures, *, rule):
+        calls.append((measures, rule))
+        return {"leaderboard": summarize("leaderboard", samples[built[-1]])}
+
+    monkeypatch.setattr(dispatch, "_build", build)
+    monkeypatch.setattr(dispatch, "measure", fake_measure)
+    warm = StoppingRule(max_calls=2, budget_s=1.0)
+    shapes = [Shape(128, 256, 1), Shape(256, 128, 1)]
+    tab = dispatch.calibrate(shapes, ("scaled_mm", "reference"), rule=FEW, warmup_rule=warm, install=False)
+    entry = tab.entries["L1-A2^14"]
+    assert entry["mean_us"] == {"scaled_mm": pytest.approx(14.0), "reference": pytest.approx(6.0)}
+    assert entry["path"] == "reference", "scaled_mm's median (1.0) is lower, its mean (14.0) is not"
+    assert calls == [(("leaderboard",), warm), (("leaderboard",), FEW), (("leaderboard",), warm),
+                     (("leaderboard",), FEW), (("leaderboard",), FEW), (("leaderboard",), FEW)]
+
+
+def test_calibrate_logs_one_line_per_shape_and_path(monkeypatch):
+    lines = []
+    shapes = [Shape(128, 256, 1), Shape(128, 256, 2)]
+    monkeypatch.setattr(dispatch, "capabilities", lambda: CPU)
+    dispatch.calibrate(shapes, ("scaled_mm", "cute", "reference"), rule=FEW, warmup_rule=None, install=False,
+                       log=lines.append)
+    why = dispatch.PATHS["cute"].unavailable(CPU, False)
+    assert lines == [
+        "timing scaled_mm at 128x256x1 (1/6) ...", f"skipping cute at 128x256x1 (2/6): {why}",
+        "timing reference at 128x256x1 (3/6) ...",
+        "timing scaled_mm at 128x256x2 (4/6) ...", f"skipping cute at 128x256x2 (5/6): {why}",
+        "timing reference at 128x256x2 (6/6) ...",
+    ]
 
 
 # ----------------------------------------------------------------------------------- GPU
@@ -290,9 +348,10 @@ def test_every_available_path_is_correct_on_gpu(name):
 @pytest.mark.cute
 def test_blackwell_calibration_fills_the_table(tmp_path):
     shapes = [Shape(4096, 7168, 8), Shape(1024, 1024, 1)]
-    tab = dispatch.calibrate(shapes, reps=10, warmup=2)
+    tab = dispatch.calibrate(shapes, rule=StoppingRule(max_calls=10, budget_s=1.0),
+                             warmup_rule=StoppingRule(max_calls=2, budget_s=1.0))
     assert set(tab.entries) == {dispatch.shape_class(s) for s in shapes}
-    assert all(set(e["median_us"]) == {"scaled_mm", "cute"} for e in tab.entries.values())
+    assert all(set(e["mean_us"]) == {"scaled_mm", "cute"} for e in tab.entries.values())
     data = _fresh(shapes[0], "cuda")
     assert dispatch.explain(data).source == "table"
     result = check(dispatch.custom_kernel(data), data)

@@ -15,12 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lib.bench import Timing
+from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
+                            summarize)
 from nvfp4lib.evaluate import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, DIRECTIVE, MAX_SEED, PACKAGE_DIR,
-                               BenchResult, SubmissionError, SubmissionProcess, evaluate, format_bench_table,
-                               has_directive, import_isolated, load_submission, main, run_benchmarks,
-                               run_tests)
-from nvfp4lib.problem import TEST_SHAPES, Shape
+                               BenchResult, Report, SubmissionError, SubmissionProcess, check_secret_seed, data_seed,
+                               evaluate, format_bench_table, has_directive, import_isolated, load_submission, main,
+                               run_benchmarks, run_tests, seed_of_benchmark, seed_of_test, stopping_rules)
+from nvfp4lib.harness import RANKED_SEED_STEP, combine_seed
+from nvfp4lib.problem import TEST_SHAPES, Shape, bytes_moved, generate_input
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
 
@@ -472,15 +474,120 @@ def test_cpu_shapes_are_a_documented_subset():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
-def test_without_cuda_timing_is_skipped_with_a_note(folder):
-    report = evaluate(_write(folder, "correct", KERNELS["correct"]), "benchmark")
-    assert report.ok and not report.bench and not report.cases
-    assert report.notes == ["timing needs a CUDA GPU: benchmark skipped"]
+@pytest.mark.parametrize("mode, skipped", [("benchmark", "benchmark"), ("ranked", "ranked")])
+def test_without_cuda_timing_is_skipped_with_a_note(folder, mode, skipped):
+    report = evaluate(_write(folder, "correct", KERNELS["correct"]), mode)
+    assert report.ok and not report.bench and not report.ranked and not report.cases
+    assert report.notes == [f"timing needs a CUDA GPU: {skipped} skipped"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_mode_all_runs_the_tests_and_names_both_timed_modes_it_skips(folder):
+    report = evaluate(_write(folder, "correct", KERNELS["correct"]), "all", shapes=SHAPES[:1])
+    assert report.ok and len(report.cases) == len(CASES)
+    assert report.notes[0] == "timing needs a CUDA GPU: benchmark and ranked skipped"
+
+
+# The timed modes on the CPU's wall clock, with short rules (no time is asserted, only what ran).
+ONLY_CALLS = {n: StoppingRule(max_calls=n, budget_s=1e9, min_wall_s=1e9) for n in (2, 4)}  # exactly n calls
+BY_ERROR = StoppingRule(max_calls=50, budget_s=1e9, min_calls=3, min_wall_s=0.0, max_rel_err=1e9)  # 3 calls
+
+
+def _recording(log_path: Path) -> str:
+    """A correct kernel that appends its shape and its input's first bytes (a fingerprint) to `log_path`."""
+    return f'''
+        LOG = {str(log_path)!r}
+
+        def custom_kernel(data: input_t) -> output_t:
+            a = data[0]
+            with open(LOG, "a") as log:
+                log.write(f"{{a.shape[0]}}x{{2 * a.shape[1]}}x{{a.shape[2]}} {{fingerprint(a)}}\\n")
+            return gemv(data)
+
+        def fingerprint(t):
+            return t.view(torch.uint8).flatten()[:24].tolist()
+    '''
+
+
+def _fingerprint(shape: Shape, seed: int) -> str:
+    """What `_recording` logs for the leaderboard's data of `shape` made with `seed` (computed here)."""
+    a = generate_input(*shape, seed=seed, mode="leaderboard")[0]
+    return f"{shape.m}x{shape.k}x{shape.l} {a.view(torch.uint8).flatten()[:24].tolist()}"
+
+
+def _timed_mode(folder, name: str, kernel: str, mode: str, rule=ONLY_CALLS[4], warmup_rule=ONLY_CALLS[2], **kw):
+    cpu = torch.device("cpu")
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(folder, name, kernel))["ok"]
+        return run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, mode=mode, rule=rule, warmup_rule=warmup_rule,
+                              **kw)
+
+
+def test_benchmark_mode_warms_up_then_times_one_input_per_shape_and_reports_the_mean(tmp_path):
+    log = tmp_path / "calls.log"
+    rows, checks = _timed_mode(tmp_path, "recording", _recording(log), "benchmark")
+    assert all(c.ok for c in checks) and [c.case for c in checks] == ["benchmark data"] * 2
+    assert [r.shape for r in rows] == SHAPES
+    first, second = (_fingerprint(s, seed_of_benchmark(0, i)) for i, s in enumerate(SHAPES))
+    # warm-up: a checked call and 2 timed calls on shape 0; then per shape a checked call and 4 timed calls
+    assert log.read_text().splitlines() == [first] * 3 + [first] * 5 + [second] * 5
+    for r in rows:
+        t = r.timing
+        assert t.mode == "wall" and t.n == 4 and r.checked == 0
+        assert t.mean_us == pytest.approx(sum(t.samples) / 4) and t.best_us == min(t.samples)
+        assert r.bandwidth_gbps == pytest.approx(bytes_moved(r.shape) / t.mean_us / 1e3), "bandwidth at the mean"
+        assert r.percent_of_copy == pytest.approx(100 * r.bandwidth_gbps / 100.0)
+
+
+def test_benchmark_mode_stops_when_the_rule_says(folder):
+    """The whole rule travels to the submission's process: here the error criterion stops at 3 calls of 50."""
+    rows, checks = _timed_mode(folder, "correct", KERNELS["correct"], "benchmark", rule=BY_ERROR, warmup_rule=None)
+    assert all(c.ok for c in checks) and [r.timing.n for r in rows] == [3, 3]
+
+
+def test_ranked_mode_makes_a_new_input_with_a_new_seed_for_every_timed_call(tmp_path):
+    log = tmp_path / "calls.log"
+    secret = 99
+    rows, checks = _timed_mode(tmp_path, "recording", _recording(log), "ranked", secret_seed=secret)
+    assert all(c.ok for c in checks) and [c.case for c in checks] == ["ranked data"] * 2
+    assert [(r.shape, r.timing.n, r.checked) for r in rows] == [(s, 4, 4) for s in SHAPES]
+    expected = []
+    for i, shape in enumerate(SHAPES):
+        seed = combine_seed(seed_of_benchmark(0, i), secret)  # the secret mixed in, then +13 before every call
+        expected.append([_fingerprint(shape, seed + RANKED_SEED_STEP * k) for k in range(5)])
+    warm_up = [expected[0][0]] * 3  # benchmark mode's calls on the first shape's input
+    assert log.read_text().splitlines() == warm_up + expected[0] + expected[1]
+    assert len(set(expected[0] + expected[1])) == 10
+
+
+def test_a_kernel_that_caches_its_first_answer_passes_benchmark_mode_but_fails_ranked_mode(folder):
+    rows, checks = _timed_mode(folder, "cached_by_shape", KERNELS["cached_by_shape"], "benchmark")
+    assert all(c.ok for c in checks) and len(rows) == 2
+    rows, checks = _timed_mode(folder, "cached_by_shape", KERNELS["cached_by_shape"], "ranked")
+    assert not rows and [(c.shape, c.case, c.ok) for c in checks] == [
+        (SHAPES[0], "ranked timed calls", False)], "the first failure ends the run"
+    seed = seed_of_benchmark(0, 0) + RANKED_SEED_STEP
+    assert checks[0].message.startswith(f"timed call 1 (seed {seed}): stale result: the output is an earlier call's")
+
+
+def test_a_wrong_ranked_call_is_named_by_its_number_and_seed(tmp_path):
+    """Right on the checked call and the first two timed calls, then wrong: caught at call 3."""
+    kernel = '''
+        CALLS = []
+
+        def custom_kernel(data: input_t) -> output_t:
+            CALLS.append(None)
+            out = gemv(data)
+            return out.neg_() if len(CALLS) == 4 else out
+    '''
+    rows, checks = _timed_mode(tmp_path, "wrong_at_call_4", kernel, "ranked", warmup_rule=None)
+    seed = seed_of_benchmark(0, 0) + 3 * RANKED_SEED_STEP
+    assert not rows and checks[-1].message.startswith(f"timed call 3 (seed {seed}): wrong result\n")
 
 
 def test_timed_calls_run_in_the_submission_process(folder):
-    """The benchmark path, on the CPU's wall clock: a check, then time_leaderboard where the kernel lives;
-    a kernel that raises only while timed fails there. One process holds both files in turn."""
+    """A kernel that raises only while timed fails there, named by the timed calls; one process
+    holds both files in turn."""
     failing = '''
         CALLS = []
 
@@ -493,25 +600,95 @@ def test_timed_calls_run_in_the_submission_process(folder):
     cpu = torch.device("cpu")
     with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
         assert process.load(_write(folder, "correct", KERNELS["correct"]))["ok"]
-        rows, checks = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, warmup=1, reps=3)
+        rows, checks = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, rule=ONLY_CALLS[2])
         assert all(c.ok for c in checks) and [r.shape for r in rows] == SHAPES
-        assert all(r.timing.mode == "wall" and r.timing.n == 3 and r.bandwidth_gbps > 0 for r in rows)
-        assert process.load(_write(folder, "fails_when_timed", failing))["ok"]
-        rows, checks = run_benchmarks(process, SHAPES[:1], cpu, copy_gbps=100.0, warmup=1, reps=3)
-    assert not rows and [(c.case, c.message) for c in checks] == [
-        ("timed calls", "raised RuntimeError: only the first call works")]
+        for mode in ("benchmark", "ranked"):
+            assert process.load(_write(folder, "fails_when_timed", failing))["ok"]
+            rows, checks = run_benchmarks(process, SHAPES[:1], cpu, copy_gbps=100.0, mode=mode, rule=ONLY_CALLS[2])
+            case = "timed calls" if mode == "benchmark" else "ranked timed calls"
+            assert not rows and [(c.case, c.message) for c in checks] == [
+                (case, ("" if mode == "benchmark" else f"timed call 1 (seed {500 + RANKED_SEED_STEP}): ")
+                 + "raised RuntimeError: only the first call works")]
 
 
-def test_bench_table_has_every_column_and_the_geomean():
-    def row(shape, us, sol):
-        timing = Timing("leaderboard", us, us, us, 5, host_us=6.0)
-        return BenchResult(Shape(*shape), timing, 1000.0 * us / us, 25.0, sol)
+def test_the_leaderboards_stopping_rules_and_their_caps():
+    assert stopping_rules("benchmark") == (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE)
+    assert stopping_rules("ranked") == (RANKED_RULE, RANKED_WARMUP_RULE)
+    rule, warmup_rule = stopping_rules("ranked", reps=7, warmup=3)
+    assert (rule.max_calls, warmup_rule.max_calls) == (7, 3) and rule.max_rel_err == RANKED_RULE.max_rel_err
+    assert stopping_rules("benchmark", warmup=0)[1] is None
 
-    table = format_bench_table([row((7168, 16384, 1), 20.0, 43.1), row((4096, 7168, 8), 80.0, 21.6)])
-    header, *_, last = table.splitlines()
-    assert header.split() == ["shape", "median", "us", "GB/s", "%", "copy", "BW", "%", "B200", "SOL", "host", "us"]
-    assert "7168x16384x1" in table and last.split()[:2] == ["geomean", "40.0"]
-    assert "% B200 SOL" not in format_bench_table([row((7168, 16384, 1), 20.0, None)])
+
+def test_the_secret_seed_changes_the_data_of_every_test_case(tmp_path):
+    """The same cases with no secret, a secret, and the same secret again: the data changes with the
+    secret, is repeatable with it, and is what harness.combine_seed gives."""
+    log = tmp_path / "calls.log"
+    cpu, shape = torch.device("cpu"), SHAPES[0]
+    runs = []
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(tmp_path, "recording", _recording(log)))["ok"]
+        for secret in (None, 123456, 123456):
+            results = run_tests(process, [shape], cpu, seed=3, secret_seed=secret)
+            assert all(r.ok for r in results)
+            runs.append(log.read_text().splitlines())
+            log.unlink()
+    plain, mixed, again = runs
+    assert len(plain) == len(CASES) and not set(plain) & set(mixed) and mixed == again
+    assert plain[0] == _fingerprint(shape, seed_of_test(3, 0, 0))
+    assert mixed[0] == _fingerprint(shape, combine_seed(seed_of_test(3, 0, 0), 123456))
+    assert data_seed(5) == 5 and data_seed(5, 7) == combine_seed(5, 7)
+
+
+def test_a_secret_seed_must_keep_every_seed_a_generator_seed(tmp_path, capsys):
+    """The bound is exact: the largest secret whose mixed seeds all fit passes, one more fails."""
+    for seed, ranked_calls in ((0, 0), (7, RANKED_RULE.max_calls)):
+        low, high = 0, 2**40  # binary search with combine_seed itself, independent of the bound's formula
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if _fits(mid, seed, ranked_calls) else (low, mid - 1)
+        assert check_secret_seed(low, seed, ranked_calls=ranked_calls) == low
+        with pytest.raises(ValueError, match=f"secret_seed: expected an integer from 0 to {low}: mixed into"):
+            check_secret_seed(low + 1, seed, ranked_calls=ranked_calls)
+    with pytest.raises(ValueError, match="none at all"):
+        check_secret_seed(0, MAX_SEED)
+    with pytest.raises(ValueError, match="secret_seed: expected an integer >= 0, got -1"):
+        evaluate(tmp_path / "x.py", "test", secret_seed=-1)
+    with pytest.raises(SystemExit) as exit_:
+        main(["submission.py", "--secret-seed", str(10**12)])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].startswith("FAILED: argument --secret-seed: expected an integer "
+                                                               "from 0 to ")
+
+
+def _fits(secret: int, seed: int, ranked_calls: int) -> bool:
+    """Whether every seed of an evaluation with `seed` (all the test shapes) stays a generator seed."""
+    largest = max(seed_of_test(seed, len(TEST_SHAPES) - 1, len(CASES) - 1), seed_of_benchmark(seed, 2))
+    return combine_seed(largest, secret) + RANKED_SEED_STEP * ranked_calls <= 2**64 - 1
+
+
+def test_bench_table_names_the_mean_and_its_statistics():
+    def row(shape, samples, sol):
+        timing = summarize("leaderboard", samples)
+        return BenchResult(Shape(*shape), timing, 1000.0, 25.0, sol)
+
+    rows = [row((7168, 16384, 1), [18.0, 20.0, 25.0], 43.1), row((4096, 7168, 8), [70.0, 80.0, 105.0], 21.6)]
+    table = format_bench_table(rows)
+    header, rule, first, *_, last = table.splitlines()
+    assert [h.strip() for h in header.split("  ") if h.strip()] == [
+        "shape", "leaderboard time (mean) us", "+- err", "std", "best", "worst", "calls", "GB/s", "% copy BW",
+        "% B200 SOL"]
+    # the mean (not the median, 20), the standard error and std (n - 1), best, worst, calls
+    assert first.split() == ["7168x16384x1", "21.00", "2.08", "3.61", "18.00", "25.00", "3", "1000", "25.0", "43.1"]
+    assert last.split()[:2] == ["geomean", "42.25"]  # sqrt(21 * 85): the geomean of the means
+    assert "% B200 SOL" not in format_bench_table([row((7168, 16384, 1), [20.0, 21.0], None)])
+
+
+def test_report_summary_names_both_timed_modes():
+    timing = summarize("leaderboard", [10.0, 10.0])
+    report = Report(Path("f.py"), "all", "cpu", bench=[BenchResult(SHAPES[0], timing, 1.0, 1.0, None)],
+                    ranked=[BenchResult(SHAPES[0], summarize("leaderboard", [12.0, 12.0]), 1.0, 1.0, None, 2)])
+    assert report.summary() == ("PASSED: 0 checks and 2 ranked results; leaderboard time (mean), geomean: "
+                                "benchmark 10.00 us, ranked 12.00 us")
 
 
 def test_cli_passes_a_correct_file_that_prints_at_exit(folder, capsys):

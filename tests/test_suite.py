@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from matplotlib.colors import to_hex
 
 from nvfp4lib import bench_report, suite
 from nvfp4lib.device import capabilities
@@ -189,8 +190,12 @@ def test_quick_cpu_run_with_every_path(tmp_path):
 # ------------------------------------------------------------------------------ tables and figures
 
 
-def _synthetic_rows():
-    """H200-like numbers: two of our paths and two peers, at the benchmark shapes and a small sweep."""
+READ_BANDWIDTH = {"read-cute": 3600.0, "read-torch": 3300.0}  # GB/s of the synthetic streaming reads (kernel time)
+
+
+def _synthetic_rows(reads: bool = False):
+    """H200-like numbers: two of our paths and two peers, at the benchmark shapes and a small sweep;
+    with `reads`, streaming reads of every shape's bytes as nvfp4lib.ceilings writes them."""
     rows = [dict(path="copy", kind="ceiling", label="copy", shape_set="ceiling", status="ok", kernel_gbps=4000.0),
             dict(path="reduction", kind="ceiling", label="sum", shape_set="ceiling", status="ok", kernel_gbps=3900.0),
             dict(path="cute-naive", kind="nvfp4lib", label="CuTe naive", shape_set="-", status="skipped",
@@ -202,9 +207,18 @@ def _synthetic_rows():
         for name, (kind, bandwidth) in model.items():
             kernel = max(3.0, bytes_moved(s) / bandwidth / 1e3)
             rows.append(dict(path=name, kind=kind, label=name, shape_set=shape_set, m=s.m, k=s.k, l=s.l,
-                             bytes=bytes_moved(s), status="ok", kernel_us=kernel, leaderboard_us=kernel + 8,
-                             host_us=4.0, timing="cuda-events", env_gpu="NVIDIA H200"))
-    rows.append(dict(rows[-1], path="broken", status="error", note="RuntimeError: no kernel"))
+                             bytes=bytes_moved(s), status="ok", kernel_us=kernel, leaderboard_us=kernel + 0.5,
+                             leaderboard_err_us=0.01, host_visible_us=kernel + 8, host_us=4.0, timing="cuda-events",
+                             env_gpu="NVIDIA H200"))
+        if reads:
+            for name, bandwidth in READ_BANDWIDTH.items():
+                kernel = bytes_moved(s) / bandwidth / 1e3
+                for flush, suffix in (("dirty", ""), ("clean", "-clean")):
+                    rows.append(dict(path=name + suffix, kind="ceiling", label=name, shape_set=shape_set, m=s.m,
+                                     k=s.k, l=s.l, bytes=bytes_moved(s), status="ok", flush=flush,
+                                     kernel_us=kernel * (0.9 if flush == "clean" else 1.0),
+                                     leaderboard_us=kernel + 0.2))
+    rows.append(dict(rows[-1], path="broken", kind="nvfp4lib", status="error", note="RuntimeError: no kernel"))
     return rows
 
 
@@ -214,7 +228,9 @@ def test_figures_from_a_synthetic_csv(tmp_path):
     figures = bench_report.make_figures(path)
     assert set(figures) == set(bench_report.FIGURE_NAMES)
     roofline = figures["00_roofline"]
-    assert len(roofline.axes) == 2 and all(ax.get_xscale() == "log" for ax in roofline.axes)
+    assert [ax.get_title().split(":")[0] for ax in roofline.axes] == ["kernel time", "leaderboard time",
+                                                                      "host-visible time"]
+    assert all(ax.get_xscale() == "log" for ax in roofline.axes)
     bars = figures["00_benchmark_bars"].axes[0]
     assert len(bars.patches) == 4 * len(BENCHMARK_SHAPES)  # paths that raised or were skipped draw nothing
     saved = bench_report.save_figures(figures, tmp_path / "figs")
@@ -227,10 +243,143 @@ def test_summary_table_speedups_and_geomean():
     line = next(l for l in text.splitlines() if l.startswith("cute-fast") and "7168x16384x1" in l)
     kernel = bytes_moved(Shape(7168, 16384, 1)) / 3000.0 / 1e3
     eager = bytes_moved(Shape(7168, 16384, 1)) / 25.0 / 1e3
-    assert line.split()[-2] == f"{(eager + 8) / (kernel + 8):.2f}"
-    geo = next(l for l in text.splitlines() if l.startswith("cute-fast") and "3 shapes" in l)
+    assert line.split()[-2] == f"{(eager + 0.5) / (kernel + 0.5):.2f}", "speed-ups compare leaderboard time"
+    header = next(l for l in text.splitlines() if l.startswith("geomean")).split()
+    assert header == ["geomean", "over", "kernel", "us", "leaderboard", "us", "host-visible", "us"]
+    geo = next(l for l in text.splitlines() if l.startswith("cute-fast") and "3 shapes" in l).split()
     times = [bytes_moved(s) / 3000.0 / 1e3 for s in BENCHMARK_SHAPES]
-    assert float(geo.split()[-2]) == pytest.approx(math.prod(times) ** (1 / 3), abs=0.1)
+    expected = [math.prod(t + extra for t in times) ** (1 / 3) for extra in (0.0, 0.5, 8.0)]
+    assert [float(x) for x in geo[3:]] == pytest.approx(expected, abs=0.06)
+    assert "leaderboard the mean" in text and "older run" not in text
+    assert "% copy: of the measured device-to-device copy, 4000 GB/s" in text, "no reads: the copy is the ceiling"
+
+
+def _table_cells(text: str, path: str, shape: Shape) -> dict[str, str]:
+    """{column header: cell} of one line of a summary table (headers are split on two spaces)."""
+    lines = text.splitlines()
+    at = next(i for i, l in enumerate(lines) if l.startswith(path + " ") and f" {shape.m}x{shape.k}x{shape.l} " in l)
+    header = next(lines[i] for i in range(at, -1, -1) if lines[i].startswith("path "))
+    return dict(zip(_cells(header), _cells(lines[at]), strict=True))
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of a text_table line: columns are at least two spaces apart, cells hold single spaces."""
+    return [c.strip() for c in line.split("  ") if c.strip()]
+
+
+def test_summary_and_figures_hold_paths_against_the_best_read():
+    rows = _synthetic_rows(reads=True)
+    text = bench_report.summary_table(rows)
+    assert "% read" in text and "% copy" not in text and "best streaming read" in text
+    for s in BENCHMARK_SHAPES:
+        best = bytes_moved(s) / max(READ_BANDWIDTH.values()) / 1e3  # the fastest read (dirty flush), kernel time
+        kernel = max(3.0, bytes_moved(s) / 3000.0 / 1e3)
+        cells = _table_cells(text, "cute-fast", s)
+        assert float(cells["% read"]) == pytest.approx(100 * best / kernel, abs=0.06)
+    figures = bench_report.make_figures(rows)
+    try:
+        roofline = figures["00_roofline"]
+        assert "best streaming read" in roofline.get_suptitle()
+        for ax, measure in zip(roofline.axes, ("kernel", "leaderboard")):
+            dashed = [line for line in ax.lines if line.get_linestyle() == "--" and line.get_marker() == "x"]
+            assert len(dashed) == 1, "one line through the best reads"
+            column = bench_report.time_column(measure)
+            expected = sorted((r["bytes"], r[column]) for r in rows if r["path"] == "read-cute")
+            xs, ys = dashed[0].get_data()
+            assert list(xs) == [x for x, _ in expected] and list(ys) == pytest.approx([y for _, y in expected])
+        bars = figures["00_benchmark_bars"].axes[0]
+        black = [c for c in bars.collections if to_hex(c.get_color()[0]) == "#000000"]  # the B200 lines are red
+        floors = sorted(seg[0][1] for c in black for seg in c.get_segments())
+        reads = sorted(r["leaderboard_us"] for r in rows if r["path"] == "read-cute" and r["shape_set"] == "benchmark")
+        assert floors == pytest.approx(reads), "per shape: the best read's leaderboard time"
+    finally:
+        import matplotlib.pyplot as plt
+
+        for fig in figures.values():
+            plt.close(fig)
+
+
+# The header of a CSV written before leaderboard time was measured (as results/h200.csv was): its
+# "leaderboard" columns held host-visible time.
+OLDER_HEADER = ("path,kind,label,shape_set,m,k,l,bytes,status,note,kernel_us,kernel_p10_us,kernel_p90_us,kernel_reps,"
+                "leaderboard_us,leaderboard_p10_us,leaderboard_p90_us,leaderboard_reps,host_us,kernel_gbps,"
+                "leaderboard_gbps,kernel_pct_of_copy,leaderboard_pct_of_copy,max_abs_err,timing,copy_gbps,"
+                "reduction_gbps,device_slug,quick,date,env_gpu")
+
+
+def _older_csv(path, rows) -> None:
+    names = OLDER_HEADER.split(",")
+    lines = [OLDER_HEADER]
+    for r in rows:
+        old = dict(r, leaderboard_us=r["host_visible_us"], leaderboard_p10_us=r["host_visible_us"] - 1,
+                   leaderboard_p90_us=r["host_visible_us"] + 1, leaderboard_reps=37) if r.get("kernel_us") else r
+        lines.append(",".join("" if old.get(n) is None else str(old[n]) for n in names))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_an_older_csv_loads_its_leaderboard_column_as_host_visible_time(tmp_path):
+    synthetic = _synthetic_rows()
+    path = tmp_path / "h200.csv"
+    _older_csv(path, synthetic)
+    rows = bench_report.load_results(path)
+    timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] == "ok"]
+    expected = [r["host_visible_us"] for r in synthetic if r["kind"] != "ceiling" and r["status"] == "ok"]
+    assert [r["host_visible_us"] for r in timed] == pytest.approx(expected)
+    assert all(r["host_visible_reps"] == 37 and r["host_visible_p90_us"] == pytest.approx(r["host_visible_us"] + 1)
+               for r in timed)
+    assert all(r["leaderboard_us"] is None and r["leaderboard_gbps"] is None for r in rows)
+    assert bench_report.is_older_run(rows) and bench_report.score_measure(rows) == "host-visible"
+    text = bench_report.summary_table(rows)
+    assert "host-visible (older run) us" in text and "leaderboard us" not in text
+    assert bench_report.OLDER_RUN_NOTE in text and "these results have no streaming reads" in text
+    cells = _table_cells(text, "cute-fast", BENCHMARK_SHAPES[0])
+    eager = next(r for r in timed if r["path"] == "peer-eager" and r["shape_set"] == "benchmark")
+    fast = next(r for r in timed if r["path"] == "cute-fast" and r["shape_set"] == "benchmark")
+    assert cells["x eager"] == f"{eager['host_visible_us'] / fast['host_visible_us']:.2f}"
+    assert "host-visible (older run)" in bench_report.overhead_table(rows)
+    figures = bench_report.make_figures(path)
+    try:
+        titles = [ax.get_title() for ax in figures["00_roofline"].axes]
+        assert [t.split(":")[0] for t in titles] == ["kernel time", "host-visible time"] and "older run" in titles[1]
+        assert "host-visible (older run)" in figures["00_benchmark_bars"].axes[0].get_ylabel()
+    finally:
+        import matplotlib.pyplot as plt
+
+        for fig in figures.values():
+            plt.close(fig)
+    rewritten = tmp_path / "again.csv"  # written back in today's columns, it reads the same
+    bench_report.write_csv(rows, rewritten)
+    again = bench_report.load_results(rewritten)
+    assert [r["host_visible_us"] is None for r in again] == [r["host_visible_us"] is None for r in rows]
+    assert all(a["host_visible_us"] == pytest.approx(r["host_visible_us"], abs=0.01)
+               for a, r in zip(again, rows) if r["host_visible_us"] is not None)
+    assert not any(r["leaderboard_us"] for r in again) and bench_report.is_older_run(again)
+
+
+@pytest.mark.parametrize("path", sorted(bench_report.RESULTS_DIR.glob("*.csv")), ids=lambda p: p.name)
+def test_committed_results_load_and_draw(path):
+    rows = bench_report.load_results(path)
+    text = bench_report.summary_table(rows, ("benchmark",))
+    measures = bench_report.measures_in(rows)
+    assert "kernel" in measures and len(measures) >= 2
+    if bench_report.is_older_run(rows):
+        assert bench_report.OLDER_RUN_NOTE in text and "host-visible (older run) us" in text
+    figures = bench_report.make_figures(rows)
+    import matplotlib.pyplot as plt
+
+    assert len(figures["00_roofline"].axes) == len(measures)
+    for fig in figures.values():
+        plt.close(fig)
+
+
+def test_every_timing_field_is_a_column():
+    from nvfp4lib.bench import summarize
+    from nvfp4lib.harness import MEASURES, timing_fields
+
+    fields = timing_fields({m: summarize(m, [1.0, 2.0, 3.0], [0.5]) for m in MEASURES}, nbytes=1000)
+    # The bandwidth of host-visible time is left out: that time includes the host's work.
+    assert set(fields) - set(bench_report.COLUMNS) == {"host_visible_gbps"}
+    assert {"kernel_pct_of_read", "leaderboard_pct_of_read", "flush"} <= set(bench_report.COLUMNS)
 
 
 def test_find_results_prefers_this_device_then_committed(tmp_path, monkeypatch):
