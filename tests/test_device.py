@@ -125,3 +125,14 @@ def test_blackwell_check_counts_all_skipped_as_a_failure():
     with pytest.raises(blackwell_check.CheckFailed, match=r"0 passed, .* skipped .*nothing ran on this machine; "
                                                           r"skip reasons: .*needs Blackwell FP4 GEMM \("):
         blackwell_check.run_pytest("sm100_probe", "sm100", "tests/test_dispatch.py")
+
+
+def test_calibrate_without_a_gpu_skips_and_says_why(monkeypatch, capsys):
+    """`make calibrate` on a CPU: a one-line reason and exit 0, no minutes of emulated timing."""
+    from tools import calibrate
+
+    monkeypatch.setattr(calibrate, "capabilities",
+                        lambda: dataclasses.replace(capabilities(), cuda=False, name="cpu", sm=None))
+    monkeypatch.setattr(calibrate.dispatch, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
+    assert calibrate.main() == 0
+    assert "calibrate: skipped" in capsys.readouterr().out
