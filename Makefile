@@ -62,7 +62,7 @@ lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" 
 # ---- bench: timing runs on a GPU --------------------------------------------------------
 BENCH_ARGS ?=
 .PHONY: bench bench-cute calibrate
-bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<device>.csv, figures/00_*.png
+bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<device>.csv, 00_* figures (figures/ after a full run on the committed figures' device, else build/figures/)
 	$(PY) -m nvfp4lib.suite $(BENCH_ARGS)
 
 bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel, leaderboard and host time; streaming-read ceiling)
