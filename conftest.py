@@ -2,6 +2,7 @@
 
 A test marked `gpu`, `sm100` or `cute` is skipped, with the reason shown by `-ra`, when this machine
 cannot run it; the probe is nvfp4lib.device.capabilities(), so there is one notion of what a machine can do.
+Also one shared fixture, `clean_dispatch`: the dispatcher as a fresh process finds it.
 """
 
 import pytest
@@ -28,3 +29,14 @@ def pytest_collection_modifyitems(config, items):
         reason = next((r for m, r in reasons.items() if r and item.get_closest_marker(m)), None)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def clean_dispatch(monkeypatch):
+    """custom_kernel as on a fresh process: no forced path, no calibration table."""
+    from nvfp4lib import dispatch
+
+    monkeypatch.delenv(dispatch.PATH_ENV_VAR, raising=False)
+    dispatch.set_table(None)
+    yield
+    dispatch.set_table(None)

@@ -38,15 +38,6 @@ def _assert_correct(out: torch.Tensor, data) -> None:
 # --------------------------------------------------------------- a list refilled between calls
 
 
-@pytest.fixture
-def clean_dispatch(monkeypatch):
-    """custom_kernel as on a fresh process: no forced path, no table, no remembered choice."""
-    monkeypatch.delenv(dispatch.PATH_ENV_VAR, raising=False)
-    dispatch.set_table(None)
-    yield
-    dispatch.set_table(None)
-
-
 @pytest.mark.parametrize("replaced", ["all", "scales"])
 def test_custom_kernel_on_a_refilled_list(clean_dispatch, replaced):
     """The same list object, new tensors in it: the result comes from the tensors now in it."""

@@ -22,13 +22,7 @@ BLACKWELL = Capabilities(cuda=True, name="NVIDIA B200", sm=(10, 0), fp4_gemm=Tru
 _seeds = iter(range(3000, 10**6))
 
 
-@pytest.fixture(autouse=True)
-def clean_state(monkeypatch):
-    """Every test starts with no table, no forcing, no remembered choices."""
-    monkeypatch.delenv(dispatch.PATH_ENV_VAR, raising=False)
-    dispatch.set_table(None)
-    yield
-    dispatch.set_table(None)
+pytestmark = pytest.mark.usefixtures("clean_dispatch")  # every test starts with no table and no forcing
 
 
 def _fresh(shape: Shape, device: str = "cpu"):
