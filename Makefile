@@ -35,7 +35,8 @@ help: ## show this help
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=<interpreter> uses an existing environment (installs nothing);"
 	@echo "           TORCH_VERSION=$(TORCH_VERSION), TORCH_INDEX=<pip index for torch> (first install only),"
-	@echo "           PYTEST_ARGS, NOTEBOOK_ARGS (e.g. --only 04, --small, --full), BENCH_ARGS"
+	@echo "           PYTEST_ARGS, NOTEBOOK_ARGS (e.g. --only 04, --small, --full),"
+	@echo "           BENCH_ARGS (e.g. --quick, --only 'cute_*' peer_bf16; --list names the paths)"
 
 # The virtual environment. torch is installed first and pinned, so that the `torch>=2.8`
 # requirement is already met and pip does not pick a multi-GB CUDA build on a CPU machine;

@@ -33,7 +33,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def clean_dispatch(monkeypatch):
-    """custom_kernel as on a fresh process: no forced path, no calibration table."""
+    """dispatch.DISPATCHER (behind custom_kernel) as a fresh process finds it: no NVFP4_PATH, no table."""
     from nvfp4lib import dispatch
 
     monkeypatch.delenv(dispatch.PATH_ENV_VAR, raising=False)

@@ -23,9 +23,10 @@ import torch
 
 from nvfp4lib.bench import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
                             time_kernel)
+from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.harness import describe_error, measure, timing_fields
-from nvfp4lib.problem import Shape, bytes_moved
+from nvfp4lib.problem import bytes_moved
 
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
 TRITON_LAUNCH_SHAPES = tuple((block, warps) for block in (2048, 4096, 8192, 16384) for warps in (4, 8, 16))
@@ -122,7 +123,7 @@ def compile_stream_read(arch: str | None = None, options: str = ""):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
 
-    from nvfp4lib.cute_gemv import cute, ld_global_v4_if
+    from nvfp4lib.cute_ptx import cute, ld_global_v4_if
 
     threads, loads = StreamRead.THREADS, StreamRead.LOADS
 

@@ -10,30 +10,36 @@ streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the b
 (`ceilings.StreamRead`), a Triton and a PyTorch read), against which each kernel is
 judged: "% of best read" is the best read's time as a percentage of the kernel's, per measure.
 ``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`bench_report.write_csv`).
+
+Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
+``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
+`FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``
+(`kernel_name`). These names are the rows' ``path`` in the CSV.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from .bench import cell_text
-from .bench_report import write_csv
-from .ceilings import ceiling_table, percent_of_read, read_ceilings
-from .cute_gemv import CuteGemv, FastConfig
-from .device import capabilities
-from .harness import check_once, measure, timing_fields
-from .problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input
+from nvfp4lib.bench import cell_text
+from nvfp4lib.bench_report import write_csv
+from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.cute_gemv import CuteGemv, FastConfig
+from nvfp4lib.device import capabilities
+from nvfp4lib.harness import check_once, measure, timing_fields
+from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
-EXTRA_SHAPES = [Shape(128, 64, 1), Shape(128, 192, 3), Shape(1024, 4096, 8), Shape(16384, 2048, 8), Shape(16384, 1024, 1)]
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
 
 
 def parse_config(text: str) -> FastConfig:
-    """'RxWxU[xB][-perm][-loads][-DECODE][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...).
+    """'RxWxU[xB][-perm][-loads][-DECODE][-pfN][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...).
 
     -perm reads the permuted scales; -loads times the loads alone (no decode, no math:
-    wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode;
+    wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode; -pfN prefetches
+    the A rows N steps ahead into L2;
     :QUALIFIERS sets the PTX qualifiers of the A loads, e.g. ':.nc' or ':.L2::256B'.
     """
     try:
@@ -41,8 +47,9 @@ def parse_config(text: str) -> FastConfig:
         flags = text.split("-")
         values = [int(v) for v in flags[0].lower().split("x")]
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
+        prefetch = [int(f[2:]) for f in flags[1:] if f.startswith("pf")]
         cfg = FastConfig(*values, compute="loads" not in flags, permuted_scales="perm" in flags,
-                         decode=decode[-1] if decode else "auto",
+                         decode=decode[-1] if decode else "auto", prefetch=prefetch[-1] if prefetch else 0,
                          **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError):
         raise SystemExit(f"--configs: expected RxWxU[xB] such as 2x4x2x4, got {text!r}") from None
@@ -51,10 +58,26 @@ def parse_config(text: str) -> FastConfig:
     return cfg
 
 
+def kernel_name(variant: str, cfg: FastConfig | None = None) -> str:
+    """The kernel's name: "cute_naive"; "cute_fast" for the per-K default config (``cfg=None``); else
+    "cute_fast[...]" with the fields of ``cfg`` that differ from `FastConfig`'s defaults, in the order
+    of its fields ("cute_fast[]": FastConfig() itself)."""
+    if variant == "naive":
+        return "cute_naive"
+    if cfg is None:
+        return "cute_fast"
+    changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
+               if getattr(cfg, field.name) != field.default]
+    return f"cute_fast[{','.join(changed)}]"
+
+
 def variants(configs):
-    yield "naive", CuteGemv("naive")
+    """(kernel_name, CuteGemv) of the naive kernel and of the fast kernel with each of ``configs``
+    (texts for `parse_config`, or "default")."""
+    yield kernel_name("naive"), CuteGemv("naive")
     for text in configs:
-        yield f"fast {text}", CuteGemv("fast", None if text == "default" else parse_config(text))
+        cfg = None if text == "default" else parse_config(text)
+        yield kernel_name("fast", cfg), CuteGemv("fast", cfg)
 
 
 def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
@@ -68,7 +91,7 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
             result = check_once(kernel, data)
             ok_all &= result.ok
             status = "ok" if result.ok else "FAIL " + result.message
-            print(f"check {name:>12} {shape.m}x{shape.k}x{shape.l}: {status}", flush=True)
+            print(f"check {name} {shape.m}x{shape.k}x{shape.l}: {status}", flush=True)
     return ok_all
 
 
@@ -78,7 +101,7 @@ READ_FLUSH = {"write": "dirty", "clean": "clean"}  # --flush -> the reads timed 
 
 def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: list[dict] | None = None,
              device: str = "cuda") -> list[dict]:
-    """Time every kernel at every shape -> rows in the benchmark CSV's schema (path "cute-<name>").
+    """Time every kernel at every shape -> rows in the benchmark CSV's schema (path: the kernel's name).
 
     Each row has kernel, leaderboard and host-visible time (`harness.timing_fields`) and
     kernel_pct_of_read / leaderboard_pct_of_read against the best streaming read of the same
@@ -97,16 +120,16 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
         nbytes = bytes_moved(shape)
         for name, kernel in kernels:
             kernel(data)  # compiles on first use, outside the timings
-            n = reps if name != "naive" else max(3, reps // 20)
+            n = reps if name != kernel_name("naive") else max(3, reps // 20)
             timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=FLUSHES[flush])  # noqa: B023
             computes = kernel.cfg is None or kernel.cfg.compute
             note = f"flush {flush}" + ("" if computes else "; loads only: not checked")
-            row = dict(path="cute-" + name.replace(" ", "-"), kind="nvfp4lib", label=f"CuTe {name}",
+            row = dict(path=name, kind="nvfp4lib", label=name,
                        shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
                        flush=READ_FLUSH[flush], **timing_fields(timings, nbytes))
             row.update(percent_of_read(row, reads, READ_FLUSH[flush]))
             rows.append(row)
-            print(f"time  {row['label']:>16} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
+            print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
                   f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
                   f"{row['leaderboard_us']:.2f} +- {row['leaderboard_err_us']:.2f} us "
                   f"({cell_text(row.get('leaderboard_pct_of_read'), '.1f')} %), host-visible "
@@ -140,7 +163,7 @@ def main(argv=None) -> int:
     rows = [row for flush in args.flush for row in time_all(kernels, BENCHMARK_SHAPES, reps=args.reps, flush=flush,
                                                             reads=reads)]
     if args.csv:
-        from .suite import context_fields  # the suite's CSV context (its imports are needed only here)
+        from nvfp4lib.suite import context_fields  # the suite's CSV context (its imports are needed only here)
 
         context = context_fields(caps, quick=False)
         write_csv([dict(context, **row) for row in reads + rows], args.csv)

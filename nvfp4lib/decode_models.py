@@ -1,5 +1,9 @@
 """Bit-exact numpy models of the CuTe kernels' FP4 decodes and of the fast kernel's arithmetic.
 
+Each device helper of `nvfp4lib.cute_decode` (and the PTX ops of `nvfp4lib.cute_ptx` under it) has
+its model here under the same name, with the same constants, checked against `nvfp4lib.formats`'
+exact decode for every byte and code (tests/test_decode_models.py); notebook 04 uses these models.
+
 The Blackwell build decodes FP4 with ``cvt.rn.f16x2.e2m1x2``, an sm_100a instruction that the
 H200 (sm_90) cannot run, so its numbers are modelled here, instruction by instruction, and checked
 on any machine (tests/test_decode_models.py):
@@ -11,7 +15,7 @@ on any machine (tests/test_decode_models.py):
   f16 bit patterns from the E2M1 fields (sign, 2 exponent bits with bias 1, 1 mantissa bit); the
   tests compare them with ``formats.E2M1_VALUES`` for all 256 bytes.
 * `HW_BLOCK` is the hardware-decode kernel's pairing of A bytes, B bytes and scale bytes (what
-  `cute_gemv._decode_word_hw`, `_block_dot` and `_accumulate_chunk` do with decode "hw");
+  `cute_decode.decode_word_hw` and `block_dot` and cute_gemv's chunk accumulation do with decode "hw");
   `hw_pairing_from_ptx` reads the same pairing back from the operands of the sm_100a PTX (which
   loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale half
   multiplies which block sum).
@@ -35,6 +39,7 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from nvfp4lib.cute_decode import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.ptx_tools import instructions
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
@@ -70,7 +75,8 @@ def e4m3_f32(bits) -> np.ndarray:
 # Instructions
 
 
-def _halves(h2) -> tuple[np.ndarray, np.ndarray]:
+def halves(h2) -> tuple[np.ndarray, np.ndarray]:
+    """The (low, high) float16 halves of packed half2 words."""
     h2 = np.asarray(h2, dtype=np.uint32)
     return ((h2 & 0xFFFF).astype(np.uint16).view(np.float16), (h2 >> 16).astype(np.uint16).view(np.float16))
 
@@ -123,13 +129,13 @@ def fma_rn(a, b, c, dtype) -> np.ndarray:
 
 def fma_rn_f16x2(a, b, c) -> np.ndarray:
     """``fma.rn.f16x2 d, a, b, c``: per 16-bit half, a * b + c rounded once to f16."""
-    (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = _halves(a), _halves(b), _halves(c)
+    (a_lo, a_hi), (b_lo, b_hi), (c_lo, c_hi) = halves(a), halves(b), halves(c)
     return _pack(fma_rn(a_lo, b_lo, c_lo, np.float16), fma_rn(a_hi, b_hi, c_hi, np.float16))
 
 
 def half2_sum_f32(h2) -> np.ndarray:
     """``cvt.f32.f16`` of both halves, then ``add.f32`` (lo + hi)."""
-    lo, hi = _halves(h2)
+    lo, hi = halves(h2)
     return lo.astype(np.float32) + hi.astype(np.float32)
 
 
@@ -158,16 +164,30 @@ def dp4a(a, b, acc) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# The three decodes of one 32-bit word of 8 codes (cute_gemv's device helpers, modelled)
+# The three decodes of one 32-bit word of 8 codes (cute_decode's device helpers, modelled)
+
+
+HALF2_CODES = {"hw": ((0, 1), (2, 3), (4, 5), (6, 7)), "bitops": ((2, 6), (0, 4), (3, 7), (1, 5))}
+"""Which codes of a word (0..7 in K order; code 2i is the low nibble of byte i) the low and the high
+half of each of the 4 half2 of `decode_word_hw` / `decode_word_bitops` hold."""
+
+
+def codes_in_order(halves4, decode: str) -> np.ndarray:
+    """The 4 half2 of a word decoded with `decode` ("hw" or "bitops") as float16 [..., 8], the word's
+    codes in K order (for "bitops" still times 2^-14)."""
+    out = np.empty(np.shape(halves4[0]) + (8,), dtype=np.float16)
+    for h2, (lo, hi) in zip(halves4, HALF2_CODES[decode]):
+        out[..., lo], out[..., hi] = halves(h2)
+    return out
 
 
 def decode_word_hw(word) -> list[np.ndarray]:
-    """`_decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
+    """`cute_decode.decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
     return [cvt_f16x2_e2m1x2(byte) for byte in unpack_bytes(word)]
 
 
 def decode_word_bitops(word) -> list[np.ndarray]:
-    """`_decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
+    """`cute_decode.decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
     x = np.asarray(word, dtype=np.uint32)
     even = ((x << 1) & 0x0E0E0E0E) | ((x << 4) & 0x80808080)
     odd = ((x >> 3) & 0x0E0E0E0E) | (x & 0x80808080)
@@ -175,36 +195,35 @@ def decode_word_bitops(word) -> list[np.ndarray]:
 
 
 def decode_b_word_bitops(word) -> list[np.ndarray]:
-    """`_decode_b_word` on Hopper: the bit trick times half2(2^14, 2^14) with ``fma.rn.f16x2``."""
-    two14 = np.uint32(0x74007400)
+    """`cute_decode.decode_b_word` without the hardware decode: the bit trick times half2(2^14, 2^14)
+    with ``fma.rn.f16x2``, true values in the order of `decode_word_bitops`."""
+    two14 = np.uint32(FP16X2_2_POW_14)
     return [fma_rn_f16x2(h, two14, 0) for h in decode_word_bitops(word)]
 
 
-LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # cute_gemv._LUT_LO, _LUT_HI: 2|v| of codes 0..7
-_SIGNS = 0x88888888
-
-
 def decode_word_lut(word) -> list[np.ndarray]:
-    """`_decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative ones."""
+    """`cute_decode.decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative
+    ones (`prmt` from the table LUT_LO, LUT_HI)."""
     x = np.asarray(word, dtype=np.uint32)
-    flipped = x ^ np.uint32(_SIGNS)
+    flipped = x ^ np.uint32(SIGN_BITS)
     return [prmt(LUT_LO, LUT_HI, x & 0xFFFF), prmt(LUT_LO, LUT_HI, x >> 16),
             prmt(LUT_LO, LUT_HI, flipped & 0xFFFF), prmt(LUT_LO, LUT_HI, flipped >> 16)]
 
 
-def _negate_bytes(v) -> np.ndarray:
+def negate_bytes(v) -> np.ndarray:
+    """`cute_decode.negate_bytes`: -v per byte of a word, for bytes in [0, 128]."""
     return ((np.uint32(0x80808080) - np.asarray(v, dtype=np.uint32)) ^ np.uint32(0x80808080)).astype(np.uint32)
 
 
 def decode_b_word_lut(word) -> list[np.ndarray]:
-    """`_decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
+    """`cute_decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
-    return [pos_lo | _negate_bytes(neg_lo), pos_hi | _negate_bytes(neg_hi),
-            neg_lo | _negate_bytes(pos_lo), neg_hi | _negate_bytes(pos_hi)]
+    return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
+            neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi)]
 
 
 # ---------------------------------------------------------------------------------------------
-# One 16-code block and one chunk, as _block_dot / _block_dot_lut / _accumulate_chunk compute them
+# One 16-code block and one chunk, as cute_decode.block_dot / block_dot_lut and cute_gemv compute them
 
 
 HW_BLOCK = tuple(((w, i), (w, i)) for w in range(2) for i in range(4))
@@ -214,8 +233,6 @@ order. With the hardware decode half2 i of a word is the ``cvt`` of its byte i, 
 pairs each A byte with the B byte at the same place, low nibble with low nibble. Block j of a
 16-byte chunk c (words 2j, 2j + 1: K elements 32c + 16j .. 32c + 16j + 15) takes scale half j, the
 scale byte at offset 2c + j, of A and of B. (The bit-trick decode uses the same loop.)"""
-
-DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}  # cute_gemv._decode_factor
 
 
 def block_sum(a_words, b_words, decode: str) -> np.ndarray:
@@ -242,7 +259,7 @@ def block_sum(a_words, b_words, decode: str) -> np.ndarray:
 
 def chunk_update(acc, a_words, b_words, sfa_pair, sfb_pair, decode: str) -> np.ndarray:
     """acc after one 16-byte chunk (4 words of A and of B, the u16 of 2 scale bytes each), as
-    `_accumulate_chunk` compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
+    cute_gemv's chunk accumulation compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
     then ``fma.rn.f32(scale product, block sum, acc)`` for block 0, then block 1."""
     sb = cvt_e4m3x2_f32(sfb_pair)
     sa = cvt_e4m3x2_f32(sfa_pair)
@@ -270,9 +287,10 @@ def fast_kernel_model(data, decode: str) -> tuple[np.ndarray, np.ndarray]:
     order; chunks past K/32 load as zeros and add nothing), accumulates them with `chunk_update`,
     and the 32 lane sums meet in a butterfly (``shfl.sync.bfly`` 16, 8, 4, 2, 1, each ``add.f32``).
     """
-    a = _bytes(data[0])  # [M, K/2, L]
-    b = _bytes(data[1])[0]  # [K/2, L], row 0: the vector
-    sfa, sfb = _bytes(data[2]), _bytes(data[3])[0]
+    a, b, sfa, sfb, *_ = data  # the permuted scales and c are not read
+    a = _bytes(a)  # [M, K/2, L]
+    b = _bytes(b)[0]  # [K/2, L], row 0: the vector
+    sfa, sfb = _bytes(sfa), _bytes(sfb)[0]
     m, half_k, l = a.shape
     n_chunks = half_k // 16
     steps = -(-n_chunks // WARP)
@@ -336,7 +354,7 @@ class _Dataflow:
     """Where the values of the hardware-decode fast kernel's PTX come from.
 
     Loads are identified by their place in a stage: per unroll step u, B's 16 bytes then its scales,
-    then for each row r A's 16 bytes and scales (`_stage_loads`); the prologue and the loop body
+    then for each row r A's 16 bytes and scales (as cute_gemv stages them); the prologue and the loop body
     each issue one stage. A register written in several places (a loop-carried value, or a
     predicated load and the zero it defaults to) must come from one load either way.
     """

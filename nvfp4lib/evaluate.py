@@ -65,15 +65,13 @@ import nvfp4lib.bench
 from nvfp4lib import harness
 from nvfp4lib.bench import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geomean, leaderboard_time, percent,
                             text_table)
+from nvfp4lib.contract import GemvInput, NAMES, Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.harness import RANKED_SEED_STEP, CheckFailed, combine_seed
-from nvfp4lib.problem import (B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved,
-                              generate_input)
+from nvfp4lib.harness import CheckFailed, RANKED_SEED_STEP, combine_seed
+from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, TASK_SOURCE, SubmissionError,
-                                      has_directive, read_submission)
-from nvfp4lib.submission_file import load_submission  # noqa: F401 - part of this module's interface
-from nvfp4lib.validate import NAMES
+from nvfp4lib.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, SubmissionError, TASK_SOURCE, has_directive,
+                                      load_submission, read_submission)  # noqa: F401 - part of this module's interface
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 PHASES = {"test": ("test",), "benchmark": ("benchmark",), "ranked": ("ranked",), "both": ("test", "benchmark"),
@@ -331,7 +329,7 @@ class SubmissionProcess:
         try:
             out = torch.load(output, map_location="cpu", weights_only=True)
             output.unlink()
-            if type(out) is not torch.Tensor or out.dtype != torch.float16 or out.shape != data[6].shape:
+            if type(out) is not torch.Tensor or out.dtype != torch.float16 or out.shape != GemvInput(*data).c.shape:
                 raise ValueError(f"{type(out).__name__} instead of the output")
         except Exception as err:  # noqa: BLE001 - any unreadable answer is the submission's doing
             self._end(f"the call: its process sent back an unreadable output ({err})")
@@ -479,7 +477,7 @@ def run_case(process: SubmissionProcess, data, shape: Shape, case: str, earlier=
 
     `earlier` are correct outputs of earlier calls on other inputs: a wrong output equal to one
     of them is reported as stale (a result cached across calls)."""
-    poison_(data[6])
+    poison_(GemvInput(*data).c)
     try:
         answer, out = process.call(data, reuse)
     except SubmissionProcessEnded as err:

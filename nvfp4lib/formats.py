@@ -11,13 +11,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4lib.validate import NVFP4InputError, require_real, require_tensor
+from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError, byte_view, require_real, require_tensor
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
                -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 FP4_MAX = 6.0
 E4M3_MAX = 448.0
-BLOCK_SIZE = 16
 
 FLOAT32_MAX = torch.finfo(torch.float32).max  # NVFP4's per-tensor scale is an fp32 number
 
@@ -78,12 +77,7 @@ def decode_e2m1(codes: torch.Tensor) -> torch.Tensor:
 
 def fp4_bytes(t: torch.Tensor, name: str = "t") -> torch.Tensor:
     """Byte view (no copy) of packed FP4 data given as uint8 or float4_e2m1fn_x2."""
-    require_tensor(t, name)
-    if t.dtype == torch.uint8:
-        return t
-    if t.dtype == torch.float4_e2m1fn_x2:
-        return t.view(torch.uint8)
-    raise NVFP4InputError(f"{name}: expected uint8 or float4_e2m1fn_x2, got {t.dtype}")
+    return byte_view(t, name, torch.float4_e2m1fn_x2)
 
 
 def as_fp4x2(t: torch.Tensor) -> torch.Tensor:
@@ -115,12 +109,7 @@ def byte_values(device=None) -> torch.Tensor:
 
 def decode_e4m3(t: torch.Tensor, name: str = "t") -> torch.Tensor:
     """E4M3 scales (float8_e4m3fn or their uint8 bits) -> float32."""
-    require_tensor(t, name)
-    if t.dtype == torch.uint8:
-        t = t.view(torch.float8_e4m3fn)
-    if t.dtype != torch.float8_e4m3fn:
-        raise NVFP4InputError(f"{name}: expected float8_e4m3fn or uint8, got {t.dtype}")
-    return t.to(torch.float32)
+    return byte_view(t, name, torch.float8_e4m3fn).view(torch.float8_e4m3fn).to(torch.float32)
 
 
 def encode_e4m3(x: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,8 @@ from typing import Callable
 
 import torch
 
+from nvfp4lib.contract import validate_gemv_input
+
 CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the function directly"
 
 
@@ -68,9 +70,14 @@ class GraphedGemv:
         return f"CUDA graphs: {len(self._graphs)} held, {self.captures} captures, {self.replays} replays"
 
     def __call__(self, data):
-        if not data[0].is_cuda:
+        try:
+            on_cuda = data[0].is_cuda
+            key = graph_key(data) if on_cuda else None
+        except (TypeError, AttributeError, IndexError, KeyError):
+            validate_gemv_input(data)  # raises the NVFP4InputError that names what is wrong
+            raise
+        if not on_cuda:
             return self.fn(data)
-        key = graph_key(data)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._capture(data, key)
@@ -82,6 +89,7 @@ class GraphedGemv:
 
     def capture(self, data) -> None:
         """Capture (or capture again) a graph for these tensors without running it."""
+        validate_gemv_input(data, check_storage=False)
         if not data[0].is_cuda:
             raise ValueError(f"data: CUDA graphs need tensors on a CUDA GPU, got {data[0].device}")
         key = graph_key(data)

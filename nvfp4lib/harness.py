@@ -40,7 +40,8 @@ import torch
 from nvfp4lib import reference
 from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             Timing, gbps, leaderboard_time, time_host_visible, time_kernel)
-from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, generate_input
+from nvfp4lib.contract import GemvInput, Shape
+from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.submission_file import load_submission
 
 LEADERBOARD_SEED = 1111  # the seed of every case in the leaderboard's task file
@@ -99,6 +100,8 @@ def clone_input(data):
     """A deep copy of the tensors in `data` (tuples, lists and dicts followed), other values as they are."""
     if isinstance(data, torch.Tensor):
         return data.clone()
+    if isinstance(data, tuple) and hasattr(data, "_fields"):  # a NamedTuple such as GemvInput
+        return type(data)(*(clone_input(x) for x in data))
     if isinstance(data, (tuple, list)):
         return type(data)(clone_input(x) for x in data)
     if isinstance(data, dict):
@@ -122,7 +125,7 @@ def check_bound(bind: Callable, data, *, against=None, check: Callable | None = 
     `reference.check`, rtol = atol = 1e-3) where `against` defaults to `data`, which the call
     never sees."""
     given = clone_input(data)
-    reference.poison_(given[6])
+    reference.poison_(GemvInput(*given).c)
     call = bind(given)
     output = call()
     return (check or reference.check)(output, data if against is None else against), call

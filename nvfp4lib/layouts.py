@@ -12,47 +12,29 @@ import numbers
 
 import torch
 
-from nvfp4lib.validate import NVFP4InputError, require_tensor, strides_match
-
-ROWS_PER_TILE = 128
-COLS_PER_TILE = 4
-ATOM_BYTES = ROWS_PER_TILE * COLS_PER_TILE  # 512
-
-
-def scale_tile_counts(mn: int, k_blocks: int) -> tuple[int, int]:
-    """(rest_mn, rest_k): how many 128-row and 4-column tiles cover the scales."""
-    return -(-mn // ROWS_PER_TILE), -(-k_blocks // COLS_PER_TILE)
-
-
-def permuted_strides(rest_mn: int, rest_k: int, l: int) -> tuple[int, ...]:
-    """Strides of [32, 4, rest_mn, 4, rest_k, L] viewing a contiguous (L, rest_mn, rest_k, 32, 4, 4)."""
-    return (16, 4, rest_k * ATOM_BYTES, 1, ATOM_BYTES, rest_mn * rest_k * ATOM_BYTES)
+from nvfp4lib.contract import (NVFP4InputError, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, byte_view,
+                               permuted_strides, require_tensor, scale_tile_counts, strides_match)
 
 
 def _bytes(sf: torch.Tensor, name: str) -> torch.Tensor:
-    require_tensor(sf, name)
-    if sf.dtype == torch.float8_e4m3fn:
-        return sf.view(torch.uint8)
-    if sf.dtype == torch.uint8:
-        return sf
-    raise NVFP4InputError(f"{name}: expected float8_e4m3fn or uint8 scales, got {sf.dtype}")
+    return byte_view(sf, name, torch.float8_e4m3fn)
 
 
 def _tiles(sf_lmk: torch.Tensor) -> torch.Tensor:
     """Plain (L, MN, KB) -> contiguous (L, rest_mn, rest_k, 32, 4, 4), zero padded."""
     l, mn, kb = sf_lmk.shape
     rest_mn, rest_k = scale_tile_counts(mn, kb)
-    padded = sf_lmk.new_zeros(l, rest_mn * ROWS_PER_TILE, rest_k * COLS_PER_TILE)
+    padded = sf_lmk.new_zeros(l, rest_mn * SCALE_TILE_ROWS, rest_k * SCALE_TILE_COLS)
     padded[:, :mn, :kb] = sf_lmk
     # row i = (tile, i % 128 // 32, i % 32), column j = (tile, j % 4)
-    split = padded.view(l, rest_mn, 4, 32, rest_k, COLS_PER_TILE)
+    split = padded.view(l, rest_mn, 4, 32, rest_k, SCALE_TILE_COLS)
     return split.permute(0, 1, 4, 3, 2, 5).contiguous()
 
 
 def _untile(tiles: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """Contiguous (L, rest_mn, rest_k, 32, 4, 4) -> plain contiguous (L, MN, KB)."""
     l, rest_mn, rest_k = tiles.shape[:3]
-    plain = tiles.permute(0, 1, 4, 3, 2, 5).reshape(l, rest_mn * ROWS_PER_TILE, rest_k * COLS_PER_TILE)
+    plain = tiles.permute(0, 1, 4, 3, 2, 5).reshape(l, rest_mn * SCALE_TILE_ROWS, rest_k * SCALE_TILE_COLS)
     # clone (not .contiguous()) so that even size-1 dims get canonical strides
     return plain[:, :mn, :k_blocks].clone(memory_format=torch.contiguous_format)
 
@@ -94,11 +76,11 @@ def to_blocked(sf2d: torch.Tensor) -> torch.Tensor:
 def from_blocked(flat: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """Flat cuBLAS blocked buffer -> plain contiguous [MN, K/16]."""
     rest_mn, rest_k = scale_tile_counts(mn, k_blocks)
-    if require_tensor(flat, "flat").dim() != 1 or flat.numel() != rest_mn * rest_k * ATOM_BYTES:
+    if require_tensor(flat, "flat").dim() != 1 or flat.numel() != rest_mn * rest_k * SCALE_ATOM_BYTES:
         raise NVFP4InputError(
-            f"flat: expected 1-D with {rest_mn * rest_k * ATOM_BYTES} elements for mn={mn}, "
+            f"flat: expected 1-D with {rest_mn * rest_k * SCALE_ATOM_BYTES} elements for mn={mn}, "
             f"k_blocks={k_blocks}, got shape {tuple(flat.shape)}")
-    tiles = _bytes(flat, "flat").view(1, rest_mn, rest_k, 32, 4, COLS_PER_TILE)
+    tiles = _bytes(flat, "flat").view(1, rest_mn, rest_k, 32, 4, SCALE_TILE_COLS)
     return _untile(tiles, mn, k_blocks)[0].view(flat.dtype)
 
 

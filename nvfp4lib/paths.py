@@ -1,35 +1,180 @@
-"""Where the workbook keeps things, found from this file so notebooks and tests work from any cwd.
+"""Every way to compute the GEMV, under one naming scheme: the package's paths and the peers.
 
-The package is meant to be used from a checkout (``pip install -e .``): the repository root is the
-folder above this package. Which of the two figure folders a run writes to is decided in
-nvfp4lib.plots; ``NVFP4_FIGURES_DIR`` overrides both (tests write into a temporary folder).
+A path is one way to compute ``c`` from the leaderboard's 7-tuple. Every tool that names a path
+takes the names of `PATHS`: the dispatcher (``dispatch.force("cute_fast")``, ``NVFP4_PATH``),
+the benchmark suite (``--only``, the CSV), the CuTe benchmark, the exporter
+(``python -m nvfp4lib.submission --path cute_fast``) and the calibration table. Names are
+lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
+``triton_``).
+
+`FALLBACK_ORDER` is the one "best path for this machine" policy: the dispatcher runs its first
+path that can run here (a table measured on a Blackwell GPU may pick another per shape), and
+the exported ``hybrid`` file tries the same paths in the same order.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
+import functools
+from dataclasses import dataclass
+from typing import Callable
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_DIR.parent
-NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-BUILD_DIR = REPO_ROOT / "build"
-COMMITTED_FIGURES_DIR = REPO_ROOT / "figures"  # figures of full GPU runs, listed in its INDEX.md
-BUILD_FIGURES_DIR = BUILD_DIR / "figures"       # figures of every other run
+from nvfp4lib import peers, scaled_mm, triton_gemv
+from nvfp4lib.contract import first_tensor
+from nvfp4lib.device import Capabilities
+from nvfp4lib.graphs import GraphedGemv
+from nvfp4lib.reference import reference_gemv
+from nvfp4lib.streams import run_batches, shared_pool
 
-FIGURES_ENV_VAR = "NVFP4_FIGURES_DIR"
-COMMIT_ENV_VAR = "NVFP4_COMMIT"  # the commit to record where the tree is a copy without .git
+SCALED_MM_POOL_STREAMS = 4  # streams of "scaled_mm_streams"
+TRANSPOSED_STREAMS = 2  # streams of "scaled_mm_transposed": batches overlap, host cost stays small
 
 
-def checkout_commit() -> str:
-    """The commit of this checkout (12 hex digits), so that a recorded result names the code that made it."""
-    if os.environ.get(COMMIT_ENV_VAR):
-        return os.environ[COMMIT_ENV_VAR][:12]
-    try:
-        out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() or "unknown"
+# ---------------------------------------------------------------------------------------------
+# Why a path cannot run here (plain functions: the exported files inline the ones they use)
 
+
+def cute_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    """Why the CuTe kernels cannot run on these inputs here (None: they can)."""
+    if not on_cuda or not caps.cuda:
+        return "the CuTe kernel needs the inputs on a CUDA GPU"
+    if not caps.cute_dsl:
+        return "the CuTe DSL is not installed (pip install -e '.[cute]')"
+    return None
+
+
+def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
+    """Paths built on PyTorch alone run on every device."""
+    return None
+
+
+def functional_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    return scaled_mm.functional_unavailable_reason()
+
+
+def triton_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    return triton_gemv.why_unavailable() or (None if on_cuda else "Triton kernels need the inputs on a CUDA GPU")
+
+
+def dot_scaled_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    return triton_gemv.dot_scaled_unavailable() or (None if on_cuda else "Triton kernels need the inputs on a CUDA GPU")
+
+
+def fp4_gemm_emulated(caps: Capabilities) -> str | None:
+    """Said of the torch._scaled_mm paths where cuBLAS has no FP4 GEMM: they run as the exact emulation."""
+    if caps.fp4_gemm:
+        return None
+    return "FP4 torch._scaled_mm needs Blackwell (sm_100+); here it runs as the exact emulation"
+
+
+# ---------------------------------------------------------------------------------------------
+# How paths are built
+
+
+def _cute(variant: str) -> Callable:
+    from nvfp4lib.cute_gemv import CuteGemv  # compiles on first use; the DSL may be absent
+
+    return CuteGemv(variant)
+
+
+def _reference_into_c(data):
+    """The exact reference, rounded to fp16 and written into c (slow; a yardstick)."""
+    exact = reference_gemv(data)  # validates data
+    _, _, _, _, _, _, c = data
+    c.copy_(exact)
+    return c
+
+
+def _scaled_mm_streams() -> Callable:
+    def run(data):
+        return run_batches(scaled_mm.gemv_scaled_mm_permuted, data,
+                           shared_pool(first_tensor(data).device, SCALED_MM_POOL_STREAMS))
+
+    return run
+
+
+@dataclass(frozen=True)
+class GemvPath:
+    """One way to compute the GEMV: ``path.build()`` gives ``fn(data) -> c`` (writes data's c)."""
+
+    name: str
+    label: str  # short, for tables and figure legends
+    summary: str  # one line: what it does
+    build: Callable[[], Callable]  # called once per process: may compile kernels, make streams
+    unavailable: Callable[[Capabilities, bool], str | None] = runs_anywhere  # why not here, or None
+    kind: str = "nvfp4lib"  # "nvfp4lib" (ours), "peer" (what a user would run instead), "yardstick"
+    exportable: bool = False  # `python -m nvfp4lib.submission --path NAME` writes it as one file
+    emulated: Callable[[Capabilities], str | None] | None = None  # says when it runs as an emulation here
+    describe: Callable | None = None  # data -> a note for the benchmark's CSV (e.g. a fallback taken)
+    timed_call: Callable | None = None  # data -> the zero-argument call a benchmark times, after untimed
+    # preparation a user would do once (None: the built callable on data, prepared by nothing)
+
+    def why_not_timed(self, caps: Capabilities, on_cuda: bool) -> str | None:
+        """Why a benchmark leaves this path out here: it cannot run, or it would time an emulation."""
+        return self.unavailable(caps, on_cuda) or (self.emulated(caps) if self.emulated else None)
+
+
+PATHS: dict[str, GemvPath] = {p.name: p for p in (
+    GemvPath("cute_fast", "CuTe fast", "CuTe DSL fast kernel: warps stream rows with 128-bit loads, "
+             "all L batches in one launch", functools.partial(_cute, "fast"), cute_unavailable, exportable=True),
+    GemvPath("cute_naive", "CuTe naive", "CuTe DSL naive kernel: one thread per row",
+             functools.partial(_cute, "naive"), cute_unavailable, exportable=True),
+    GemvPath("cute_fast_graph", "CuTe fast, graph", "the CuTe fast kernel replayed from a CUDA graph "
+             "(captured per set of tensors)", lambda: GraphedGemv(_cute("fast")), cute_unavailable),
+    GemvPath("scaled_mm_reference", "_scaled_mm reference", "torch._scaled_mm per batch, as the leaderboard's "
+             "reference: plain scales converted every call", lambda: scaled_mm.gemv_scaled_mm_reference,
+             exportable=True, emulated=fp4_gemm_emulated),
+    GemvPath("scaled_mm_permuted", "_scaled_mm permuted", "torch._scaled_mm per batch on views of the permuted "
+             "scales, which already are the blocked buffers (cuBLAS FP4 GEMM on Blackwell, its exact "
+             "emulation elsewhere)", lambda: scaled_mm.gemv_scaled_mm_permuted, exportable=True,
+             emulated=fp4_gemm_emulated),
+    GemvPath("scaled_mm_transposed", "_scaled_mm transposed", "torch._scaled_mm as B @ A.T, scales converted "
+             f"for all batches at once, batches on {TRANSPOSED_STREAMS} CUDA streams",
+             lambda: functools.partial(scaled_mm.gemv_scaled_mm_transposed, streams=TRANSPOSED_STREAMS),
+             exportable=True, emulated=fp4_gemm_emulated),
+    GemvPath("scaled_mm_functional", "_scaled_mm functional", "the permuted path through the public "
+             "torch.nn.functional.scaled_mm, recipe named", lambda: scaled_mm.gemv_scaled_mm_functional,
+             functional_unavailable, emulated=fp4_gemm_emulated),
+    GemvPath("scaled_mm_streams", "_scaled_mm permuted, streams", f"the permuted path with batches spread over "
+             f"{SCALED_MM_POOL_STREAMS} CUDA streams", _scaled_mm_streams, emulated=fp4_gemm_emulated),
+    GemvPath("scaled_mm_graph", "_scaled_mm permuted, graph", "the permuted path replayed from a CUDA graph "
+             "(captured per set of tensors)", lambda: GraphedGemv(scaled_mm.gemv_scaled_mm_permuted),
+             emulated=fp4_gemm_emulated),
+    GemvPath("reference", "exact reference", "the exact integer reference, rounded to fp16 (slow)",
+             lambda: _reference_into_c, kind="yardstick"),
+    GemvPath("peer_eager", "eager dequant + matmul", "eager PyTorch: dequantize to float32, one matmul per batch",
+             lambda: peers.eager_dequant_matmul, kind="peer"),
+    GemvPath("peer_compiled", "torch.compile dequant-reduce", "torch.compile of dequantize-and-reduce, "
+             "fused into one pass over A", lambda: peers.compiled_dequant_reduce, kind="peer",
+             describe=lambda data: peers.compile_note or ""),
+    GemvPath("peer_bf16", "cuBLAS bf16 GEMV", "cuBLAS bf16 GEMV on weights dequantized ahead of time "
+             "(4x the bytes; benchmarks dequantize once, untimed)", lambda: peers.bf16_gemv_dequantizing,
+             kind="peer", timed_call=lambda data: functools.partial(peers.bf16_gemv, peers.prepare_bf16_weights(data),
+                                                                    data)),
+    GemvPath("triton_nvfp4", "Triton NVFP4 GEMV", "Triton: packed bytes, table-lookup decode, fp32 accumulation, "
+             "autotuned", lambda: triton_gemv.TritonGemv("table"), triton_unavailable, kind="peer"),
+    GemvPath("triton_nvfp4_bits", "Triton NVFP4 GEMV, bit decode", "the Triton GEMV with the codes decoded by bit "
+             "operations instead of a table", lambda: triton_gemv.TritonGemv("bits"), triton_unavailable, kind="peer"),
+    GemvPath("triton_dot_scaled", "Triton tl.dot_scaled", "Triton's block-scaled tl.dot_scaled with e2m1 "
+             "operands (Blackwell)", lambda: triton_gemv.TritonDotScaledGemv(), dot_scaled_unavailable,
+             kind="peer"),
+)}
+
+FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
+"""The paths in the order they are tried where nothing is forced or measured: the dispatcher takes
+the first that can run here, and the exported files (nvfp4lib.submission) try them in this order
+too, moving on when a path cannot run, fails its self-check at import or raises on its first call.
+"scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its exact emulation elsewhere), so
+it is last."""
+
+
+def check_name(name: str, source: str) -> str:
+    """`name` if it is a path, else an error that names `source` and lists the paths."""
+    if name not in PATHS:
+        raise ValueError(f"{source}: unknown path {name!r}; expected one of {', '.join(PATHS)}")
+    return name
+
+
+def fallback_paths(caps: Capabilities, on_cuda: bool, after: str | None = None) -> list[str]:
+    """The paths of FALLBACK_ORDER that can run here, best first; with `after`, only those behind it."""
+    order = FALLBACK_ORDER[FALLBACK_ORDER.index(after) + 1:] if after is not None else FALLBACK_ORDER
+    return [name for name in order if PATHS[name].unavailable(caps, on_cuda) is None]

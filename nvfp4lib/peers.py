@@ -6,8 +6,11 @@ Each takes the leaderboard 7-tuple, writes every element of c and returns it:
   matmul per batch. Simple and slow: it writes and re-reads a float32 copy of A, 8x A's bytes.
 * `compiled_dequant_reduce`: the same decode and a multiply-and-sum written as one function
   under ``torch.compile``, so the decode fuses into the reduction and A is read once.
-* `prepare_bf16_weights` + `bf16_gemv`: the weights dequantized ahead of time to bf16, then only
-  a cuBLAS GEMV per call. The call is cheap to write but reads 4x the bytes of the NVFP4 data.
+* `BF16Gemv` (`prepare_bf16_weights` + `bf16_gemv`): the weights dequantized ahead of time to bf16,
+  then only a cuBLAS GEMV per call. The call is cheap to write but reads 4x the bytes of the NVFP4
+  data.
+
+Their names, summaries and how the benchmark builds them are in nvfp4lib.paths (``peer_*``).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4lib.formats import BLOCK_SIZE, NVFP4Tensor, decode_e2m1, decode_e4m3, dequantize_nvfp4, unpack_fp4
-from nvfp4lib.validate import validate_gemv_input
+from nvfp4lib.contract import BLOCK_SIZE, validate_gemv_input
+from nvfp4lib.formats import NVFP4Tensor, decode_e2m1, decode_e4m3, dequantize_nvfp4, unpack_fp4
 
 
 # ------------------------------------------------------------------------------ eager
@@ -83,6 +86,7 @@ def compiled_dequant_reduce(data) -> torch.Tensor:
     compile failure is raised: a silent fallback would be timed as if it were compiled.
     """
     global compile_note
+    validate_gemv_input(data, need_m_multiple=None, check_storage=False)
     a, b, sfa, sfb, _, _, c = data
     args = (c.permute(2, 0, 1)[:, :, 0],  # [L, M] view of c's (L, M, 1) storage
             a.view(torch.uint8).permute(2, 0, 1), sfa.view(torch.uint8).permute(2, 0, 1),
@@ -119,7 +123,7 @@ class PreparedBF16:
 def prepare_bf16_weights(data) -> PreparedBF16:
     """Dequantize A and B[0] of every batch to bf16, once (exact: each value has at most 6 significant bits)."""
     validate_gemv_input(data, need_m_multiple=None, check_storage=False)
-    a, b, sfa, sfb = data[:4]
+    a, b, sfa, sfb, _, _, _ = data
     weights = torch.stack([_dequantized(a[:, :, l], sfa[:, :, l]) for l in range(a.shape[2])])
     vector = torch.stack([_dequantized(b[0:1, :, l], sfb[0:1, :, l]).T for l in range(a.shape[2])])
     return PreparedBF16(weights.to(torch.bfloat16), vector.to(torch.bfloat16))
@@ -132,7 +136,7 @@ def bf16_gemv(prepared: PreparedBF16, data) -> torch.Tensor:
     would be off by up to 2^-9 relative, beyond the 1e-3 tolerance. PyTorch's CPU build has no
     bf16 -> fp32 matmul, so there the operands are widened first (same numbers, not timed on a GPU).
     """
-    c = data[6]
+    c = data[-1]
     w, x = prepared.weights, prepared.vector
     if w.is_cuda:
         out = torch.bmm(w, x, out_dtype=torch.float32)
@@ -142,9 +146,7 @@ def bf16_gemv(prepared: PreparedBF16, data) -> torch.Tensor:
     return c
 
 
-PEERS = {
-    "eager": "eager PyTorch dequantize + matmul",
-    "compiled": "torch.compile dequantize-and-reduce",
-    "bf16": "cuBLAS bf16 GEMV, weights dequantized ahead (4x bytes)",
-}
-"""Short names of the peers (as the benchmark suite calls them) and what each is."""
+def bf16_gemv_dequantizing(data) -> torch.Tensor:
+    """`bf16_gemv` with the weights dequantized in the call, so it is always right for the values
+    as they are now; benchmarks prepare once instead (nvfp4lib.paths binds it that way)."""
+    return bf16_gemv(prepare_bf16_weights(data), data)

@@ -28,7 +28,7 @@ if (
 ):
     matplotlib.use("Agg")
 
-from nvfp4lib import paths  # noqa: E402
+from nvfp4lib import locations  # noqa: E402
 
 DPI = 110
 INDEX_NAME = "INDEX.md"
@@ -73,7 +73,7 @@ def _device_name() -> str:
 
 def read_index(directory: Path | None = None) -> dict[str, dict[str, str]]:
     """figures/INDEX.md as {figure file name: row}; empty if there is no index."""
-    path = (directory or paths.COMMITTED_FIGURES_DIR) / INDEX_NAME
+    path = (directory or locations.COMMITTED_FIGURES_DIR) / INDEX_NAME
     if not path.exists():
         return {}
     rows = {}
@@ -97,20 +97,20 @@ def committed_device() -> str | None:
 
 def figure_destination() -> tuple[Path, str]:
     """(folder, why) for the figures of this run; see the module docstring for the rule."""
-    override = os.environ.get(paths.FIGURES_ENV_VAR)
+    override = os.environ.get(locations.FIGURES_ENV_VAR)
     if override:
-        return Path(override).expanduser().resolve(), f"{paths.FIGURES_ENV_VAR} is set"
+        return Path(override).expanduser().resolve(), f"{locations.FIGURES_ENV_VAR} is set"
     device, committed = _device_name(), committed_device()
     if _mode == "full" and device != "CPU" and committed in (None, device):
-        return paths.COMMITTED_FIGURES_DIR, f"full run on {device}"
+        return locations.COMMITTED_FIGURES_DIR, f"full run on {device}"
     run = f"{_mode} run" if _mode else "run of undeclared mode"
-    return paths.BUILD_FIGURES_DIR, (f"{run} on {device}; the committed figures come from full runs on "
+    return locations.BUILD_FIGURES_DIR, (f"{run} on {device}; the committed figures come from full runs on "
                                      f"{committed or 'a GPU'}, so they are left as they are")
 
 
 def _notebook_of(name: str) -> str:
     """The notebook that draws figure `name`, from its number prefix ("01_..." -> 01_fp4_quantization)."""
-    found = sorted(paths.NOTEBOOKS_DIR.glob(name.split("_")[0] + "_*.ipynb"))
+    found = sorted(locations.NOTEBOOKS_DIR.glob(name.split("_")[0] + "_*.ipynb"))
     return found[0].stem if found else "-"
 
 
@@ -130,10 +130,10 @@ def save_figure(fig, name: str) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.png"
     fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
-    if out_dir == paths.COMMITTED_FIGURES_DIR:
+    if out_dir == locations.COMMITTED_FIGURES_DIR:
         rows = read_index()
         rows[path.name] = {"figure": path.name, "notebook": _notebook_of(name), "device": _device_name(),
-                           "commit": paths.checkout_commit(), "date": datetime.date.today().isoformat(), "mode": _mode}
+                           "commit": locations.checkout_commit(), "date": datetime.date.today().isoformat(), "mode": _mode}
         _write_index(rows, out_dir)
     if out_dir not in _said:
         _said.add(out_dir)
@@ -144,7 +144,7 @@ def save_figure(fig, name: str) -> Path:
 
 def _shown(path: Path) -> str:
     try:
-        return str(path.relative_to(paths.REPO_ROOT))
+        return str(path.relative_to(locations.REPO_ROOT))
     except ValueError:
         return str(path)
 
@@ -152,13 +152,13 @@ def _shown(path: Path) -> str:
 # ------------------------------------------------------------------------------ colours
 
 # One colour per kernel path, the same in every figure and on every machine. Keys are path names
-# normalised by `path_key`, so "cute-fast" (the suite), "cute_fast" (a submission file) and "cute"
-# (the dispatcher's name for the same kernel) share one colour. Families share a hue: CuTe blues,
+# the names of nvfp4lib.paths; `path_key` also reads the spellings of CSVs written before those
+# names ("cute-fast", "peer-bf16", the dispatcher's old "cute"), so they keep their colour. Families share a hue: CuTe blues,
 # torch._scaled_mm reds and oranges, the entry points green and purple, peers greys.
 PATH_COLORS = {
     "cute_fast": "#1f77b4",
     "cute_naive": "#aec7e8",
-    "cute_graph": "#17becf",
+    "cute_fast_graph": "#17becf",
     "scaled_mm_reference": "#d62728",
     "scaled_mm_permuted": "#ff7f0e",
     "scaled_mm_transposed": "#8c564b",
@@ -171,8 +171,11 @@ PATH_COLORS = {
     "peer_eager": "#404040",
     "peer_compiled": "#808080",
     "peer_bf16": "#b3b3b3",
+    "triton_nvfp4": "#98df8a",
+    "triton_nvfp4_bits": "#dbdb8d",
+    "triton_dot_scaled": "#c5b0d5",
 }
-_PATH_ALIASES = {"cute": "cute_fast", "scaled_mm": "scaled_mm_permuted"}  # nvfp4lib.dispatch's names
+_PATH_ALIASES = {"cute": "cute_fast", "scaled_mm": "scaled_mm_permuted", "cute_graph": "cute_fast_graph"}
 # Names outside PATH_COLORS get a colour from another palette, picked by a checksum of the name.
 _FALLBACK_COLORS = tuple(matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20b"].colors)
 

@@ -9,24 +9,20 @@ leaderboard's own data does not.
 from __future__ import annotations
 
 import numbers
-from typing import NamedTuple
-
 import torch
 
+from nvfp4lib.contract import BLOCK_SIZE, B_ROWS, GemvInput, NVFP4InputError, Shape
 from nvfp4lib.formats import decode_e4m3
 from nvfp4lib.layouts import to_permuted
-from nvfp4lib.validate import B_ROWS, NVFP4InputError
-
-
-class Shape(NamedTuple):
-    m: int
-    k: int
-    l: int
 
 
 TEST_SHAPES = [Shape(*s) for s in (
     (128, 256, 1), (128, 1536, 1), (128, 3072, 1), (256, 7168, 1), (2432, 4608, 2),
     (384, 7168, 2), (512, 512, 2), (512, 4096, 2), (512, 1536, 2))]
+EXTRA_SHAPES = [Shape(*s) for s in (
+    (128, 64, 1), (128, 192, 3), (1024, 4096, 8), (16384, 1024, 8), (16384, 2048, 8))]
+"""Beyond the leaderboard's: the smallest K (one 64-element scale atom column), a K that is not a
+multiple of 128, and large M with many batches; kernel tests and the sanitizer run these too."""
 BENCHMARK_SHAPES = [Shape(7168, 16384, 1), Shape(4096, 7168, 8), Shape(7168, 2048, 4)]
 B200_SPEED_OF_LIGHT_US = {
     Shape(7168, 16384, 1): 8.622, Shape(4096, 7168, 8): 17.275, Shape(7168, 2048, 4): 4.317}
@@ -62,7 +58,7 @@ _SIGN_BIT = 0x80
 def bytes_moved(shape: Shape) -> int:
     """Bytes a GEMV must move at least: A codes + A scales + the B vector + its scales + c (fp16)."""
     m, k, l = shape
-    return l * (m * k // 2 + m * k // 16 + k // 2 + k // 16 + 2 * m)
+    return l * (m * k // 2 + m * k // BLOCK_SIZE + k // 2 + k // BLOCK_SIZE + 2 * m)
 
 
 def _random_bytes(shape, mode: str, gen: torch.Generator) -> torch.Tensor:
@@ -123,10 +119,10 @@ def generate_input(m: int, k: int, l: int, seed: int = 0, mode: str = "full", de
     a_bytes = _random_bytes((l, m, k // 2), mode, gen)
     b_bytes = _random_bytes((l, B_ROWS, k // 2), mode, gen)
     if mode == "leaderboard":
-        sfa_bytes = _leaderboard_scales((l, m, k // 16), gen)
-        sfb_bytes = _leaderboard_scales((l, B_ROWS, k // 16), gen)
+        sfa_bytes = _leaderboard_scales((l, m, k // BLOCK_SIZE), gen)
+        sfb_bytes = _leaderboard_scales((l, B_ROWS, k // BLOCK_SIZE), gen)
     else:
-        sfa_bytes, sfb_bytes = _full_range_scales(l, m, k // 16, gen, bool(negative_scales))
+        sfa_bytes, sfb_bytes = _full_range_scales(l, m, k // BLOCK_SIZE, gen, bool(negative_scales))
     sign = torch.randint(0, 2, (l, m, 1), generator=gen) * 2 - 1
     c_values = (sign * (0.5 + torch.rand((l, m, 1), generator=gen))).half()
 
@@ -138,4 +134,4 @@ def generate_input(m: int, k: int, l: int, seed: int = 0, mode: str = "full", de
     sfa = plain(sfa_bytes, torch.float8_e4m3fn)
     sfb = plain(sfb_bytes, torch.float8_e4m3fn)
     c = plain(c_values, torch.float16)
-    return a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c
+    return GemvInput(a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c)

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from nvfp4lib.formats import (
-    BLOCK_SIZE, E2M1_VALUES, FP4_MAX, decode_blocks, decode_e4m3, dequantize_blocks, encode_blocks, fp4_bytes,
-    quantize_blocks, sqnr_db, unpack_fp4,
-)
+from nvfp4lib.contract import BLOCK_SIZE
+from nvfp4lib.formats import (E2M1_VALUES, FP4_MAX, decode_blocks, decode_e4m3, dequantize_blocks, encode_blocks,
+                              fp4_bytes, quantize_blocks, sqnr_db, unpack_fp4)
 
 DISTRIBUTIONS = ("gaussian", "laplace", "student_t3", "gaussian_outliers")
 SCALE_FORMATS = ("e4m3", "e8m0", "fp32")

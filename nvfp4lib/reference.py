@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from nvfp4lib.formats import BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, byte_values, decode_e4m3, fp4_bytes
-from nvfp4lib.validate import NVFP4InputError, require_tensor, validate_gemv_input
+from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError, require_tensor, validate_gemv_input
+from nvfp4lib.formats import E2M1_VALUES, E4M3_MAX, byte_values, decode_e4m3, fp4_bytes
 
 _CHUNK_ELEMENTS = 1 << 24  # A elements per chunk: bounds the temporaries at about 100 MB
 E2M1_UNIT = 2.0 ** -1  # every E2M1 value is an integer multiple of this

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import torch
 
+from nvfp4lib.caches import TupleCache
+from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError, scale_tile_counts, validate_gemv_input
 from nvfp4lib.device import capabilities
-from nvfp4lib.formats import BLOCK_SIZE, byte_values, decode_e4m3, fp4_bytes
-from nvfp4lib.layouts import (from_blocked, permuted_as_blocked_batches, scale_tile_counts,
-                              to_blocked, to_permuted)
-from nvfp4lib.streams import StreamPool
-from nvfp4lib.validate import NVFP4InputError, TupleCache, validate_gemv_input
+from nvfp4lib.formats import byte_values, decode_e4m3, fp4_bytes
+from nvfp4lib.layouts import from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
+from nvfp4lib.streams import shared_pool
 
 HARDWARE_PATH = "cublas-fp4"
 OUT_DTYPE = torch.float16
@@ -188,7 +188,8 @@ def gemv_scaled_mm_permuted(data) -> torch.Tensor:
 def _checked_blocked_views(data):
     """Validate once, and the [L, n] blocked views: row l is permuted_as_blocked(sf_p, l)."""
     _validate(data)
-    return permuted_as_blocked_batches(data[4]), permuted_as_blocked_batches(data[5])
+    _, _, _, _, sfa_permuted, sfb_permuted, _ = data
+    return permuted_as_blocked_batches(sfa_permuted), permuted_as_blocked_batches(sfb_permuted)
 
 
 _permuted_inputs = TupleCache()  # a repeated call on the same tensors skips both
@@ -196,7 +197,7 @@ _permuted_inputs = TupleCache()  # a repeated call on the same tensors skips bot
 
 def _gemv_from_permuted(data, gemm=None) -> torch.Tensor:
     blocked_a, blocked_b = _permuted_inputs.get(data, _checked_blocked_views)
-    a, b, c = data[0], data[1], data[6]
+    a, b, _, _, _, _, c = data
     hardware = _use_hardware(a.device)
     for l in range(a.shape[2]):
         out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware, gemm)
@@ -213,24 +214,6 @@ def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
     return permuted_as_blocked_batches(to_permuted(sf))
 
 
-_side_streams: dict = {}
-_stream_pools: dict = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """A second stream on this device (a tensor's device, index included), made once and kept."""
-    if device not in _side_streams:
-        _side_streams[device] = torch.cuda.Stream(device=device)
-    return _side_streams[device]
-
-
-def _stream_pool(device: torch.device, n: int) -> StreamPool:
-    """A pool of n streams on this device (a tensor's device, index included), made once and kept."""
-    if (device, n) not in _stream_pools:
-        _stream_pools[device, n] = StreamPool(n, device)
-    return _stream_pools[device, n]
-
-
 def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *,
                    side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Blocked [L, n] scales of A and B, as the transposed variant gets them: converted all
@@ -242,7 +225,7 @@ def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *,
     """
     if not (side_stream and sfa.is_cuda):
         return convert_scales_batched(sfa), convert_scales_batched(sfb)
-    caller, side = torch.cuda.current_stream(sfa.device), _side_stream(sfa.device)
+    caller, side = torch.cuda.current_stream(sfa.device), shared_pool(sfa.device, 1).streams[0]
     side.wait_stream(caller)  # the scales may have just been written on the caller's stream
     with torch.cuda.stream(side):
         blocked_a = convert_scales_batched(sfa)
@@ -267,7 +250,7 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
       is flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's
       heuristics pick a faster kernel this way is measured, not assumed (notebook 03).
 
-    `streams=n > 0` launches batch l on stream l % n of a `StreamPool` kept per device and n
+    `streams=n > 0` launches batch l on stream l % n of the `shared_pool` of the device and n
     (CUDA only; ignored on the CPU), joined back into the caller's current stream: no device
     synchronize, and work queued afterwards on the caller's stream sees c written. Like any
     StreamPool, it serves one host thread at a time.
@@ -288,7 +271,7 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
         for l in range(n_batches):
             one_batch(l)
     else:
-        _stream_pool(a.device, streams).run(one_batch, range(n_batches))
+        shared_pool(a.device, streams).run(one_batch, range(n_batches))
     return c
 
 
@@ -336,11 +319,3 @@ def gemv_scaled_mm_functional(data) -> torch.Tensor:
                   output_dtype=OUT_DTYPE)
 
     return _gemv_from_permuted(data, gemm)
-
-
-VARIANTS = {
-    "reference": gemv_scaled_mm_reference,
-    "permuted": gemv_scaled_mm_permuted,
-    "transposed": gemv_scaled_mm_transposed,
-    "functional": gemv_scaled_mm_functional,
-}

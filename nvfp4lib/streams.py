@@ -40,7 +40,8 @@ from typing import Callable
 
 import torch
 
-from nvfp4lib.validate import TupleCache
+from nvfp4lib.caches import TupleCache
+from nvfp4lib.contract import validate_gemv_input
 
 _SPLIT_CACHE_ENTRIES = 4
 
@@ -54,6 +55,12 @@ def batch_views(data) -> tuple[tuple, ...]:
     """
     n_batches = data[0].shape[-1]
     return tuple(tuple(t[..., l:l + 1] for t in data) for l in range(n_batches))
+
+
+def _checked_batch_views(data) -> tuple[tuple, ...]:
+    """`batch_views` of a tuple checked whole first, so a bad input is named as given, not as a batch."""
+    validate_gemv_input(data, need_m_multiple=None, check_storage=False)
+    return batch_views(data)
 
 
 class StreamPool:
@@ -94,7 +101,7 @@ class StreamPool:
         Making the views costs a few microseconds of host time per batch; a repeated call on
         the same tensors reuses them (a `TupleCache`, keyed on the tensors, not the container).
         """
-        return self._splits.get(data, batch_views)
+        return self._splits.get(data, _checked_batch_views)
 
     def run(self, fn: Callable, items) -> None:
         """``fn(item)`` for every item, item i on stream i % n, joined into the caller's stream.
@@ -126,16 +133,28 @@ class StreamPool:
         return f"StreamPool(n={self.n}, {where})"
 
 
+_shared_pools: dict = {}
+
+
+def shared_pool(device, n: int) -> StreamPool:
+    """The pool of n streams on `device` (a tensor's device, index included) that every caller of this
+    process shares, made on first use and kept (streams and events are made once, not per call)."""
+    key = (torch.device(device), n)
+    if key not in _shared_pools:
+        _shared_pools[key] = StreamPool(n, device)
+    return _shared_pools[key]
+
+
 def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
     """Run ``per_batch_fn(batch_data)`` for every batch of ``data``; batch l on stream l % n.
 
     ``per_batch_fn`` is any GEMV that accepts the 7-tuple with L = 1 and writes its c (a
-    `_scaled_mm` variant, `CutePerBatch`, ...). Only min(n, L) streams are used. Returns c of
+    `_scaled_mm` variant, a `CuteGemv` made with enough `cache_entries` for L tuples, ...). Only min(n, L) streams are used. Returns c of
     ``data``, ready for use on the caller's current stream (see the module docstring; warm the
     function up on the caller's stream once if it creates shared state lazily).
     """
     batches = pool.split(data)
-    c = data[6]
+    c = data[-1]
     if not c.is_cuda:
         for part in batches:
             per_batch_fn(part)
@@ -144,16 +163,3 @@ def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
         raise ValueError(f"pool: the inputs are on {c.device}, the pool's streams on {pool.device}")
     pool.run(per_batch_fn, batches)
     return c
-
-
-def CutePerBatch(variant: str = "fast", cfg=None, max_entries: int = 64):  # noqa: N802 (a kernel factory)
-    """The CuTe GEMV kernel for per-batch tuples: ``fn(batch_data)`` launches it on the current
-    stream for a 7-tuple with L = 1.
-
-    A `CuteGemv` validates each input tuple once and remembers its prepared arguments; a stream
-    pool hands it L different per-batch tuples in turn, so this one remembers up to
-    ``max_entries`` of them.
-    """
-    from nvfp4lib.cute_gemv import CuteGemv
-
-    return CuteGemv(variant, cfg, cache_entries=max_entries)

@@ -12,7 +12,7 @@ the finished file is checked to refer to no undefined name before it is written.
 
 The CuTe and hybrid files choose their kernel once, at import time, so that no timed call pays for
 probing or compiling: `SelfCheckedKernel` (inlined the same way) tries the file's first path and then
-the rest of `dispatch.FALLBACK_ORDER`, keeps the first that computes a small full-range input exactly
+the rest of `paths.FALLBACK_ORDER`, keeps the first that computes a small full-range input exactly
 right, and falls back again if the first real call raises, saying on stderr what failed and why.
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import builtins
 import importlib
 import importlib.util
@@ -35,19 +36,17 @@ from typing import Callable
 import torch
 
 import nvfp4lib
+from nvfp4lib.contract import GemvInput, NVFP4InputError
 from nvfp4lib.cute_gemv import CuteGemv
 from nvfp4lib.device import capabilities
-from nvfp4lib.dispatch import FALLBACK_ORDER, why_unavailable
-from nvfp4lib.evaluate import DIRECTIVE, PACKAGE
 from nvfp4lib.layouts import to_permuted
+from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS, cute_unavailable
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.scaled_mm import (HARDWARE_PATH, describe_path, gemv_scaled_mm_permuted, gemv_scaled_mm_reference,
-                                gemv_scaled_mm_transposed)
-from nvfp4lib.validate import NVFP4InputError
+from nvfp4lib.scaled_mm import HARDWARE_PATH, describe_path, gemv_scaled_mm_permuted
+from nvfp4lib.submission_file import DIRECTIVE, PACKAGE
 
 TASK_IMPORT = "from task import input_t, output_t"
-STREAMS = 2  # CUDA streams of the transposed path: batches overlap, host cost stays small
 
 
 class ExportError(RuntimeError):
@@ -79,7 +78,7 @@ def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = True)
     if not signed_scales:
         for sf in (sfa, sfb):
             sf.view(torch.uint8).bitwise_and_(0x7F)
-    return a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c
+    return GemvInput(a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c)
 
 
 def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | None:
@@ -88,7 +87,7 @@ def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | No
     None when every element matches; else what went wrong. Exceptions propagate."""
     for shape in SELF_CHECK_SHAPES:
         data = self_check_input(*shape, device, signed_scales)
-        poison_(data[6])
+        poison_(data.c)
         out = kernel(data)
         if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
@@ -99,19 +98,20 @@ def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | No
 
 
 def build_path(name: str) -> tuple[str, Callable, bool]:
-    """(description, kernel, takes signed scales) of one path a file may run: "cute" (the fast CuTe
-    kernel), "cute_naive", or "scaled_mm" (torch._scaled_mm on the permuted scales: cuBLAS FP4 on
-    Blackwell, its exact emulation elsewhere). Raises RuntimeError saying why it cannot run here."""
+    """(description, kernel, takes signed scales) of one path a file may run: "cute_fast",
+    "cute_naive", or "scaled_mm_permuted" (cuBLAS FP4 on Blackwell, its exact emulation elsewhere).
+    Raises RuntimeError saying why it cannot run here."""
     caps = capabilities()
-    family = "cute" if name.startswith("cute") else name
-    why_not = why_unavailable(family, caps, caps.cuda)
-    if why_not is not None:
-        raise RuntimeError(why_not)
-    if family == "cute":
-        variant = "naive" if name == "cute_naive" else "fast"
+    if name.startswith("cute_"):
+        why_not = cute_unavailable(caps, caps.cuda)
+        if why_not is not None:
+            raise RuntimeError(why_not)
+        variant = name.removeprefix("cute_")
         runner = CuteGemv(variant)
         call = "TVM-FFI call" if runner.tvm_ffi else "plain call path, no apache-tvm-ffi"
         return f"CuTe DSL {variant!r} kernel for {caps.cute_arch} ({call})", runner, True
+    if name != "scaled_mm_permuted":
+        raise RuntimeError(f"{name!r} is not a path an exported file can fall back to")
     how = describe_path("cuda" if caps.cuda else "cpu")
     return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_PATH
 
@@ -208,37 +208,39 @@ class ExportPath:
     needs_cuda: bool = False  # its own kernel needs a CUDA GPU (elsewhere the file runs its fallback)
 
 
+def _family(name: str) -> str:
+    return name.split("_")[0]
+
+
 def _with_fallback(first: str | None = None) -> tuple[str, ...]:
-    """`first`, then the paths of dispatch.FALLBACK_ORDER that are not of its family (all of them
+    """`first`, then the paths of paths.FALLBACK_ORDER that are not of its family (all of them
     without `first`): the order the file tries at import."""
-    family = None if first is None else "cute" if first.startswith("cute") else first
-    return ((first,) if first else ()) + tuple(p for p in FALLBACK_ORDER if p != family)
+    rest = tuple(p for p in FALLBACK_ORDER if first is None or _family(p) != _family(first))
+    return ((first,) if first else ()) + rest
 
 
-PATHS = {
-    "scaled_mm_reference": ExportPath(
-        gemv_scaled_mm_reference,
-        "torch._scaled_mm per batch, as the leaderboard's reference: plain scales converted every call"),
-    "scaled_mm_permuted": ExportPath(
-        gemv_scaled_mm_permuted,
-        "torch._scaled_mm per batch on the permuted scales, which already are the blocked buffers"),
-    "scaled_mm_transposed": ExportPath(
-        gemv_scaled_mm_transposed,
-        f"torch._scaled_mm as B @ A.T, scales converted for all batches at once, batches on {STREAMS} CUDA streams",
-        kwargs={"streams": STREAMS}),
-    "cute_naive": ExportPath(
-        SelfCheckedKernel, "CuTe DSL naive kernel: one thread per row, compiled and self-checked at import "
-        "(needs a CUDA GPU; else, or if it fails, the fallback order)",
-        candidates=_with_fallback("cute_naive"), needs_cuda=True),
-    "cute_fast": ExportPath(
-        SelfCheckedKernel, "CuTe DSL fast kernel: warps stream rows with 128-bit loads, compiled and "
-        "self-checked at import (needs a CUDA GPU; else, or if it fails, the fallback order)",
-        candidates=_with_fallback("cute"), needs_cuda=True),
-    "hybrid": ExportPath(
-        SelfCheckedKernel, "the first path of the fallback order that passes its self-check here: "
-        f"{', '.join(FALLBACK_ORDER)} (CuTe fast kernel; FP4 torch._scaled_mm, or its exact emulation)",
-        candidates=_with_fallback()),
-}
+HYBRID = "hybrid"
+HYBRID_SUMMARY = ("the dispatcher's choice without a measured table: the first path of the fallback order that "
+                  f"passes its self-check here ({', '.join(FALLBACK_ORDER)})")
+
+
+def export_path(name: str) -> ExportPath:
+    """How the file for `name` (an exportable path of nvfp4lib.paths, or "hybrid") runs its path."""
+    if name == HYBRID:
+        return ExportPath(SelfCheckedKernel, HYBRID_SUMMARY, candidates=_with_fallback())
+    path = PATHS[name]
+    if name.startswith("cute_"):
+        return ExportPath(SelfCheckedKernel, f"{path.summary}; compiled and self-checked at import (needs a CUDA "
+                          "GPU; else, or if it fails, the fallback order)", candidates=_with_fallback(name),
+                          needs_cuda=True)
+    fn = path.build()
+    if isinstance(fn, functools.partial):
+        return ExportPath(fn.func, path.summary, kwargs=dict(fn.keywords))
+    return ExportPath(fn, path.summary)
+
+
+EXPORTS = tuple(name for name, path in PATHS.items() if path.exportable) + (HYBRID,)
+"""What `--path` takes: the exportable paths of nvfp4lib.paths, and "hybrid"."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -541,13 +543,13 @@ def _literal_call(name: str, first: str, kwargs: dict) -> str:
 
 
 def _path(name: str) -> ExportPath:
-    if name not in PATHS:
-        raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(PATHS)}")
-    return PATHS[name]
+    if name not in EXPORTS:
+        raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(EXPORTS)}")
+    return export_path(name)
 
 
 def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = ()) -> str:
-    """The text of a self-contained leaderboard file for `path` (see `PATHS`).
+    """The text of a self-contained leaderboard file for `path` (one of `EXPORTS`).
 
     `fail` names runtime paths of the file's fallback order that its self-check is to fail on
     purpose (to see the fallback work on a machine where every path would pass).
@@ -591,7 +593,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         f"# {'=' * 96}", "# The leaderboard entry point", f"# {'=' * 96}", "",
         *setup, "", "",
         "def custom_kernel(data: input_t) -> output_t:",
-        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0]: written into data[6] and returned ({path})."""',
+        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0]: written into c (the last tensor) and returned ({path})."""',
         f"    return {call}",
     ]
     source = "\n".join([
@@ -645,19 +647,20 @@ def main(argv=None) -> int:
     parser.add_argument("--path", help="which kernel path to export (see --list)")
     parser.add_argument("--out", default="submission.py", help="file to write (default: submission.py)")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    parser.add_argument("--streams", type=int, help=f"CUDA streams of scaled_mm_transposed (default {STREAMS})")
+    parser.add_argument("--streams", type=int,
+                        help=f"CUDA streams of scaled_mm_transposed (default {TRANSPOSED_STREAMS})")
     parser.add_argument("--fail-path", action="append", default=[], metavar="NAME",
                         help="make the file's self-check fail this path of its fallback order, to see the "
                              "fallback work (repeatable)")
     parser.add_argument("--list", action="store_true", help="list the paths and exit")
     args = parser.parse_args(argv)
     if args.list:
-        width = max(map(len, PATHS))
-        for name, spec in PATHS.items():
-            print(f"{name:<{width}}  {spec.summary}")
+        width = max(map(len, EXPORTS))
+        for name in EXPORTS:
+            print(f"{name:<{width}}  {export_path(name).summary}")
         return 0
     if not args.path:
-        parser.error(f"--path is required; one of: {', '.join(PATHS)}")
+        parser.error(f"--path is required; one of: {', '.join(EXPORTS)}")
     try:
         out = write_submission(args.path, args.out, streams=args.streams, fail=tuple(args.fail_path),
                                force=args.force)

@@ -24,7 +24,6 @@ import dataclasses
 import datetime
 import fnmatch
 import gc
-import importlib
 import sys
 import time
 from dataclasses import dataclass
@@ -33,16 +32,18 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib import peers, scaled_mm
 from nvfp4lib.bench import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
-from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
-from nvfp4lib.device import Capabilities, capabilities, environment_report
-from nvfp4lib.harness import check_bound, describe_error, measure as measure_timings, timing_fields
 from nvfp4lib.bench_report import (BENCH_DIR, CPU_NOTE, ENV_FIELDS, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
-from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, bytes_moved, generate_input
-from nvfp4lib.paths import checkout_commit
+from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.contract import Shape, shape_of
+from nvfp4lib.device import Capabilities, capabilities, environment_report
+from nvfp4lib.dispatch import custom_kernel, explain
+from nvfp4lib.harness import check_bound, describe_error, measure as measure_timings, timing_fields
+from nvfp4lib.locations import checkout_commit
+from nvfp4lib.paths import GemvPath, PATHS
 from nvfp4lib.plots import declare_mode
+from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 
 # A codes of the sweep: 2**n elements per call = 2**(n-1) bytes (plus 1/8 for the scales).
@@ -61,7 +62,7 @@ class BenchPath:
     """One way to compute the GEMV. `bind(data)` does any untimed preparation and returns the
     zero-argument callable that is checked and timed; it returns c."""
 
-    name: str  # as in --only and the CSV, e.g. "cute-fast"
+    name: str  # as in --only and the CSV: a name of nvfp4lib.paths, or "dispatch"
     kind: str  # "nvfp4lib" or "peer"
     label: str
     bind: Callable
@@ -92,75 +93,33 @@ def _call(fn: Callable) -> Callable:
     return lambda data: (lambda: fn(data))
 
 
-def _cute_paths(caps: Capabilities):
-    names = ("naive", "fast")
-    if not (caps.cuda and caps.cute_dsl):
-        why = "needs a CUDA GPU" if not caps.cuda else "needs the CuTe DSL (pip install -e '.[cute]')"
-        return [], [(f"cute-{v}", why) for v in names]
-
-    def path(variant):
-        from nvfp4lib.cute_gemv import CuteGemv
-        runner = _once(lambda: CuteGemv(variant))
-        return BenchPath(f"cute-{variant}", "nvfp4lib", f"CuTe {variant}", lambda data: _call(runner())(data))
-
-    return [path(v) for v in names], []
+def _bench_path(path: GemvPath) -> BenchPath:
+    if path.timed_call is not None:
+        return BenchPath(path.name, path.kind, path.label, path.timed_call, path.describe)
+    runner = _once(path.build)
+    return BenchPath(path.name, path.kind, path.label, lambda data: (lambda: runner()(data)), path.describe)
 
 
-def _scaled_mm_paths(caps: Capabilities):
-    names = [f"scaled_mm-{v}" for v in scaled_mm.VARIANTS]
-    if not caps.fp4_gemm:
-        return [], [(n, "FP4 torch._scaled_mm needs Blackwell (sm_100+)") for n in names]
-    paths, skipped = [], []
-    for variant, fn in scaled_mm.VARIANTS.items():
-        reason = scaled_mm.functional_unavailable_reason() if variant == "functional" else None
-        if reason:
-            skipped.append((f"scaled_mm-{variant}", reason))
-        else:
-            paths.append(BenchPath(f"scaled_mm-{variant}", "nvfp4lib", f"_scaled_mm {variant}", _call(fn)))
-    return paths, skipped
-
-
-def _raise(error: Exception) -> Callable:
-    def bind(data):
-        raise error
-    return bind
-
-
-def _dispatch_paths():
-    """The dispatcher `custom_kernel`, if this checkout has it (imported only now, on purpose)."""
-    label = "dispatch (custom_kernel)"
-    try:
-        module = importlib.import_module("nvfp4lib.dispatch")
-    except Exception as e:  # noqa: BLE001 - a broken module is an error of that path, not of the suite
-        if isinstance(e, ModuleNotFoundError) and e.name == "nvfp4lib.dispatch":
-            return [], [("dispatch", "nvfp4lib.dispatch is not in this checkout")]
-        return [BenchPath("dispatch", "nvfp4lib", label, _raise(e))], []  # an error at every shape
-    explain = getattr(module, "explain", None)
-    describe = (lambda data: f"chose {explain(data)}") if explain else None
-    return [BenchPath("dispatch", "nvfp4lib", label, _call(module.custom_kernel), describe)], []
-
-
-def _bind_bf16(data):
-    prepared = peers.prepare_bf16_weights(data)  # ahead of time: not part of a call
-    return lambda: peers.bf16_gemv(prepared, data)
-
-
-PEER_PATHS = (
-    BenchPath("peer-eager", "peer", "eager dequant + matmul", _call(peers.eager_dequant_matmul)),
-    BenchPath("peer-compiled", "peer", "torch.compile dequant-reduce", _call(peers.compiled_dequant_reduce),
-              lambda data: peers.compile_note or ""),  # says when it fell back to eager
-    BenchPath("peer-bf16", "peer", "cuBLAS bf16 GEMV (pre-dequantized)", _bind_bf16),
-)
+def _dispatch_path() -> BenchPath:
+    return BenchPath("dispatch", "nvfp4lib", "dispatch (custom_kernel)", lambda data: (lambda: custom_kernel(data)),
+                     lambda data: f"chose {explain(data)}")
 
 
 def discover_paths(caps: Capabilities | None = None) -> tuple[list[BenchPath], list[tuple[str, str]]]:
-    """(paths that can run here, [(name, why not)] for the others), nvfp4lib paths first."""
+    """(paths of nvfp4lib.paths that can run here and the dispatcher, [(name, why not)] for the
+    others), nvfp4lib's paths first, then the peers; the exact reference is not timed."""
     caps = caps or capabilities()
     found, skipped = [], []
-    for paths, why in (_cute_paths(caps), _scaled_mm_paths(caps), _dispatch_paths()):
-        found += paths
-        skipped += why
-    return found + list(PEER_PATHS), skipped
+    for path in sorted(PATHS.values(), key=lambda p: p.kind != "nvfp4lib"):
+        if path.kind == "yardstick":
+            continue
+        why = path.why_not_timed(caps, caps.cuda)
+        if why is None:
+            found.append(_bench_path(path))
+        else:
+            skipped.append((path.name, why))
+    found.insert(sum(p.kind == "nvfp4lib" for p in found), _dispatch_path())
+    return found, skipped
 
 
 def select(names: Iterable[str], patterns: Iterable[str] | None) -> set[str]:
@@ -261,8 +220,7 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         row.update(status="inexact", note=_first_line(result.message.replace("\n", "; "), 300))
     try:
         reps = _reps_for(fn, plan)
-        a = data[0]
-        nbytes = bytes_moved(Shape(a.shape[0], 2 * a.shape[1], a.shape[2]))
+        nbytes = bytes_moved(shape_of(data))
         row.update(timing_fields(measure_timings(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
     except Exception as e:  # noqa: BLE001
         return dict(row, status="error", note=f"while timing: {describe_error(e, 160)}")
@@ -359,7 +317,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
             dict(common, path="reduction", kind="ceiling", label="row-sum reduction", shape_set="ceiling",
                  bytes=None, status="ok", kernel_gbps=reduction, note="read counted")]
     rows += [dict(common, **r) for r in reads]
-    rows += [dict(common, path=n, kind="peer" if n.startswith("peer-") else "nvfp4lib", label=n,
+    rows += [dict(common, path=n, kind=PATHS[n].kind, label=PATHS[n].label,
                   shape_set="-", status="skipped", note=why) for n, why in skipped]
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -409,12 +367,20 @@ def _patterns(values: list[str] | None) -> list[str] | None:
     return [p for v in values for p in v.split(",") if p]
 
 
+def is_failure(row: dict) -> bool:
+    """Whether a CSV row fails the run: a path that raised, or one of nvfp4lib's paths outside the
+    leaderboard's tolerance at a benchmark shape. A peer outside it, or rounding at a sweep size
+    beyond the leaderboard's K, is reported but is no failure."""
+    return row["status"] == "error" or (row["status"] == "inexact" and row["kind"] == "nvfp4lib"
+                                        and row["shape_set"] == "benchmark")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="folder for <device>.csv (default build/bench)")
     parser.add_argument("--only", nargs="+", metavar="PATH",
-                        help="path names or globs, e.g. 'cute-*' peer-bf16 (see --list)")
+                        help="path names or globs, e.g. 'cute_*' peer_bf16 (see --list)")
     parser.add_argument("--figures-dir", type=Path, default=None,
                         help="where to save the figures (default: figures/ after a GPU run, <out>/figures on a CPU)")
     parser.add_argument("--no-figures", action="store_true")
@@ -441,11 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         if r["status"] in ("inexact", "error"):
             print(f"{r['status']}: {r['path']} {shape_text(r)}: {r['note']}", file=sys.stderr)
-    # A failure of the workbook's own paths at the leaderboard's shapes fails the run; peers
-    # outside the tolerance, and rounding at sweep sizes beyond the leaderboard's K, are reported.
-    bad = [r for r in rows if r["status"] == "error"
-           or (r["status"] == "inexact" and r["kind"] == "nvfp4lib" and r["shape_set"] == "benchmark")]
-    return 1 if bad else 0
+    return 1 if any(map(is_failure, rows)) else 0
 
 
 if __name__ == "__main__":

@@ -10,10 +10,9 @@ import pytest
 import torch
 
 from nvfp4lib import bench
-from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, BenchRow,
+from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, BenchRow, RANKED_RULE, RANKED_WARMUP_RULE,
                             StoppingRule, Timing, copy_bandwidth_gbps, flush_l2, format_table, gbps, leaderboard_time,
-                            percent, reduction_bandwidth_gbps, summarize, time_host_visible, time_kernel,
-                            time_one_call)
+                            percent, reduction_bandwidth_gbps, summarize, time_host_visible, time_kernel, time_one_call)
 
 @pytest.fixture
 def no_cuda(monkeypatch):

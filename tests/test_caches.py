@@ -15,9 +15,12 @@ import pytest
 import torch
 
 from nvfp4lib import dispatch, scaled_mm
-from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.caches import TupleCache
+from nvfp4lib.contract import NAMES, NVFP4InputError, Shape, validate_gemv_input
+from nvfp4lib.device import capabilities
+from nvfp4lib.paths import PATHS
+from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.validate import NAMES, NVFP4InputError, TupleCache, validate_gemv_input
 
 _seeds = iter(range(4000, 10**6))
 
@@ -52,11 +55,12 @@ def test_custom_kernel_on_a_refilled_list(clean_dispatch, replaced):
     _assert_correct(dispatch.custom_kernel(data), data)
 
 
-@pytest.mark.parametrize("variant", list(scaled_mm.VARIANTS))
+@pytest.mark.parametrize("variant", [name for name in PATHS if name.startswith("scaled_mm_")])
 def test_scaled_mm_variant_on_a_refilled_list(variant):
-    if variant == "functional" and scaled_mm.functional_unavailable_reason():
-        pytest.skip(scaled_mm.functional_unavailable_reason())
-    fn = scaled_mm.VARIANTS[variant]
+    why_not = PATHS[variant].unavailable(capabilities(), False)
+    if why_not:
+        pytest.skip(why_not)
+    fn = PATHS[variant].build()
     shape = Shape(256, 512, 2)
     data = _fresh(shape)
     _assert_correct(fn(data), data)

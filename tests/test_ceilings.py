@@ -13,8 +13,9 @@ from nvfp4lib import bench_report, ceilings
 from nvfp4lib.bench import StoppingRule
 from nvfp4lib.ceilings import (FASTEST_NOTE, TorchRead, best_reads, ceiling_table, percent_of_read, read_buffer,
                                read_ceilings)
-from nvfp4lib.paths import REPO_ROOT
-from nvfp4lib.problem import Shape, bytes_moved
+from nvfp4lib.contract import Shape
+from nvfp4lib.locations import REPO_ROOT
+from nvfp4lib.problem import bytes_moved
 
 FEW = StoppingRule(max_calls=3, budget_s=1e9)
 

@@ -8,18 +8,19 @@ import pytest
 import torch
 
 from nvfp4lib import ptx_tools
+from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, generate_input
+from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.validate import NVFP4InputError
 
 cute_gemv = pytest.importorskip("nvfp4lib.cute_gemv")
+cute_decode = pytest.importorskip("nvfp4lib.cute_decode")
+cute_ptx = pytest.importorskip("nvfp4lib.cute_ptx")
 pytestmark = pytest.mark.cute
-if cute_gemv.cute is None:
+if cute_ptx.cute is None:
     pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed", allow_module_level=True)
 
 TARGETS = ("sm_90a", "sm_100a")
-EXTRA_SHAPES = [Shape(128, 64, 1), Shape(128, 192, 3), Shape(1024, 4096, 8), Shape(16384, 1024, 8)]
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,39 @@ def test_hopper_fast_kernel_decodes_with_a_register_lookup(ptx):
     assert cute_gemv.resolve_decode("sm_90a") == "lut"
     assert "dp4a.s32.s32" in text
     table = re.findall(r"prmt\.b32\s+%r\d+, (\d+), (\d+), %r\d+;", text)
-    assert table and set(table) == {(str(cute_gemv._LUT_LO), str(cute_gemv._LUT_HI))}
+    assert table and set(table) == {(str(cute_decode.LUT_LO), str(cute_decode.LUT_HI))}
     assert "dp4a" not in ptx["fast", "sm_100a"]
+
+
+OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the instruction it emits
+    "ld_global_v4_if": ("fast", "sm_90a", "ld.global.nc.L1::no_allocate.v4.u32"),
+    "ld_global_u16_if": ("fast", "sm_90a", "ld.global.nc.u16"),
+    "ld_global_u32": ("naive", "sm_90a", "ld.global.u32"),
+    "e4m3x2_to_f32": ("fast", "sm_90a", "cvt.rn.f16x2.e4m3x2"),
+    "half2_to_f32_pair": ("naive", "sm_90a", "cvt.f32.f16"),
+    "e2m1x8_to_f16x2": ("fast", "sm_100a", "cvt.rn.f16x2.e2m1x2"),
+    "s32_to_f32": ("fast", "sm_90a", "cvt.rn.f32.s32"),
+    "prmt": ("naive", "sm_90a", "prmt.b32"),
+    "prmt_table": ("fast", "sm_90a", "prmt.b32"),
+    "dp4a": ("fast", "sm_90a", "dp4a.s32.s32"),
+    "prefetch_l2_if": ("fast prefetch=1", "sm_90a", "cp.async.bulk.prefetch.L2.global"),
+}
+
+
+def _ptx_of(ptx, variant: str, target: str) -> str:
+    """The PTX of "naive", "fast", or "fast <field>=<int>" (the default fast config with one field changed)."""
+    if " " not in variant:
+        return ptx[variant, target]
+    field, value = variant.split(" ")[1].split("=")
+    return cute_gemv.compile_ptx("fast", target, cute_gemv.FastConfig(**{field: int(value)}))
+
+
+def test_every_ptx_op_is_a_dsl_user_op_that_a_kernel_emits(ptx):
+    ops = {name for name, fn in vars(cute_ptx).items()
+           if callable(fn) and getattr(fn, "__module__", None) == cute_ptx.__name__ and hasattr(fn, "__wrapped__")}
+    assert ops == set(OP_INSTRUCTIONS), "a new op of cute_ptx needs its line in OP_INSTRUCTIONS"
+    for name, (variant, target, instruction) in OP_INSTRUCTIONS.items():
+        assert instruction in ptx_tools.opcode_counts(_ptx_of(ptx, variant, target)), (name, instruction)
 
 
 def test_bitops_decode_compiles_for_hopper():
@@ -121,7 +153,7 @@ KERNELS = {  # name -> (variant, config); None is the per-K default
 def test_matches_reference_on_gpu(kernel, shape):
     variant, cfg = KERNELS[kernel]
     data = generate_input(*shape, seed=shape.m + shape.k, mode="full", device="cuda")
-    poison_(data[-1])
+    poison_(data.c)
     result = check(cute_gemv.gemv_cute(data, variant, cfg), data)
     assert result.ok, result.message
 
@@ -130,22 +162,22 @@ def test_matches_reference_on_gpu(kernel, shape):
 
 
 def test_too_old_dsl_is_refused_with_the_version(monkeypatch):
-    monkeypatch.setattr(cute_gemv.cutlass, "__version__", "4.5.2")
-    problem = cute_gemv._dsl_problem()
+    monkeypatch.setattr(cute_ptx.cutlass, "__version__", "4.5.2")
+    problem = cute_ptx.dsl_problem()
     assert "nvidia-cutlass-dsl 4.5.2 is too old" in problem and "4.6.0 or newer" in problem
-    monkeypatch.setattr(cute_gemv, "DSL_PROBLEM", problem)
+    monkeypatch.setattr(cute_gemv, "DSL_PROBLEM", problem)  # what cute_gemv read from cute_ptx at import
     with pytest.raises(RuntimeError, match="4.5.2 is too old"):
         cute_gemv.compile_gemv("fast", "sm_100a")
     for fine in ("4.6.0", "4.10.2", "@CUTLASS_IR_WHEEL_RELEASE_VERSION@"):
-        monkeypatch.setattr(cute_gemv.cutlass, "__version__", fine)
-        assert cute_gemv._dsl_problem() is None, fine
-    assert cute_gemv.MIN_CUTE_DSL == (4, 6, 0)
+        monkeypatch.setattr(cute_ptx.cutlass, "__version__", fine)
+        assert cute_ptx.dsl_problem() is None, fine
+    assert cute_ptx.MIN_CUTE_DSL == (4, 6, 0)
 
 
 def test_missing_dsl_names_the_import_error(monkeypatch):
-    monkeypatch.setattr(cute_gemv, "cute", None)
-    monkeypatch.setattr(cute_gemv, "DSL_IMPORT_ERROR", "ModuleNotFoundError: No module named 'cutlass'")
-    assert cute_gemv._dsl_problem().startswith("the CuTe DSL could not be imported (ModuleNotFoundError")
+    monkeypatch.setattr(cute_ptx, "cute", None)
+    monkeypatch.setattr(cute_ptx, "DSL_IMPORT_ERROR", "ModuleNotFoundError: No module named 'cutlass'")
+    assert cute_ptx.dsl_problem().startswith("the CuTe DSL could not be imported (ModuleNotFoundError")
 
 
 def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):

@@ -7,8 +7,9 @@ import torch
 from nvfp4lib import bench_report, cute_bench
 from nvfp4lib.bench import StoppingRule
 from nvfp4lib.ceilings import TorchRead, read_ceilings
+from nvfp4lib.contract import Shape
 from nvfp4lib.cute_gemv import FastConfig
-from nvfp4lib.problem import Shape, bytes_moved
+from nvfp4lib.problem import bytes_moved
 from nvfp4lib.reference import reference_gemv
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 128, 2)]
@@ -21,17 +22,18 @@ class StandIn:
         self.cfg, self.wrong = cfg, wrong
 
     def __call__(self, data):
-        out = data[6].copy_(reference_gemv(data))
+        *_, c = data
+        out = c.copy_(reference_gemv(data))
         return out.neg_() if self.wrong else out
 
 
 def test_check_all_reports_each_kernel_and_skips_loads_only(capsys):
-    kernels = [("naive", StandIn()), ("fast bad", StandIn(FastConfig(4, 4, 2), wrong=True)),
-               ("fast loads", StandIn(FastConfig(4, 4, 2, compute=False), wrong=True))]
+    kernels = [("cute_naive", StandIn()), ("cute_fast[bad]", StandIn(FastConfig(4, 4, 2), wrong=True)),
+               ("cute_fast[loads]", StandIn(FastConfig(4, 4, 2, compute=False), wrong=True))]
     assert cute_bench.check_all(kernels, SHAPES, seed=0, device="cpu") is False
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("check")]
     assert len(lines) == 2 * len(SHAPES), "the loads-only kernel is not checked"
-    assert [line.split()[1:3] for line in lines if "FAIL" in line] == [["fast", "bad"]] * len(SHAPES)
+    assert [line.split()[1] for line in lines if "FAIL" in line] == ["cute_fast[bad]"] * len(SHAPES)
     assert cute_bench.check_all(kernels[:1], SHAPES, seed=0, device="cpu") is True
 
 
@@ -39,10 +41,11 @@ def test_time_all_rows(monkeypatch, tmp_path):
     monkeypatch.setattr(cute_bench, "measure", _few_calls(cute_bench.measure))
     reads = read_ceilings([("benchmark", s) for s in SHAPES], large=False, rule=StoppingRule(3, 1e9), warmup=1,
                           reps=3, reads=(TorchRead(),))
-    kernels = [("naive", StandIn()), ("fast 4x4x2", StandIn(FastConfig(4, 4, 2)))]
+    names = [cute_bench.kernel_name("naive"), cute_bench.kernel_name("fast", FastConfig(8, 4, 1))]
+    kernels = [(names[0], StandIn()), (names[1], StandIn(FastConfig(8, 4, 1)))]
     rows = cute_bench.time_all(kernels, SHAPES, reps=3, reads=reads, device="cpu")
     assert [(r["path"], r["m"], r["k"], r["l"]) for r in rows] == [
-        (p, *s) for s in SHAPES for p in ("cute-naive", "cute-fast-4x4x2")]
+        (p, *s) for s in SHAPES for p in ("cute_naive", "cute_fast[rows_per_warp=8,unroll=1]")]
     for r in rows:
         assert r["bytes"] == bytes_moved(Shape(r["m"], r["k"], r["l"])) and r["status"] == "ok"
         read = min(x["leaderboard_us"] for x in reads if (x["m"], x["k"], x["l"]) == (r["m"], r["k"], r["l"])
@@ -55,6 +58,14 @@ def test_time_all_rows(monkeypatch, tmp_path):
     assert [r["path"] for r in loaded] == [r["path"] for r in reads + rows]
     with pytest.raises(ValueError, match="flush"):
         cute_bench.time_all(kernels, SHAPES, flush="dirty", reads=reads, device="cpu")
+
+
+def test_kernel_names_follow_the_package_scheme():
+    name = cute_bench.kernel_name
+    assert (name("naive"), name("fast"), name("fast", FastConfig())) == ("cute_naive", "cute_fast", "cute_fast[]")
+    assert name("fast", cute_bench.parse_config("8x4x1x4-lut")) == "cute_fast[rows_per_warp=8,unroll=1,decode=lut]"
+    assert name("fast", cute_bench.parse_config("4x4x2x4-perm-loads:.nc")) == \
+        "cute_fast[compute=False,a_load=.nc,permuted_scales=True]"
 
 
 def _few_calls(measure):

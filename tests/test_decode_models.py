@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from nvfp4lib import decode_models as dm
-from nvfp4lib.formats import E2M1_VALUES
-from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.contract import Shape
+from nvfp4lib.formats import E2M1_VALUES, byte_values
+from nvfp4lib.problem import generate_input
 from nvfp4lib.ptx_tools import instructions
 from nvfp4lib.reference import check
 
@@ -27,7 +28,7 @@ def _f16_bits(values) -> np.ndarray:
 
 def test_cvt_e2m1x2_gives_both_codes_of_every_byte_low_nibble_in_the_low_half():
     every_byte = np.arange(256)
-    lo, hi = dm._halves(dm.cvt_f16x2_e2m1x2(every_byte))
+    lo, hi = dm.halves(dm.cvt_f16x2_e2m1x2(every_byte))
     table = np.array(E2M1_VALUES)
     # bit patterns, so the sign of zero (code 8 is -0) counts too
     assert np.array_equal(lo.view(np.uint16), _f16_bits(table[every_byte & 0xF]))
@@ -111,9 +112,77 @@ def test_block_sums_are_exact_for_every_pair_of_bytes_at_every_position(decode):
         assert np.array_equal(got * dm.DECODE_FACTOR[decode], (codes(a) * codes(b)).sum(1)), position
 
 
+def _every_byte_at_every_position() -> tuple[np.ndarray, np.ndarray]:
+    """(uint32 words, float64 [n, 8] values of their codes in K order): each of the 256 byte values at
+    each of the 4 byte positions of a word, the other bytes random; values from formats' exact decode."""
+    word_bytes = _rng.integers(0, 256, (4, 256, 4), dtype=np.uint8)
+    for position in range(4):
+        word_bytes[position, :, position] = np.arange(256)
+    word_bytes = word_bytes.reshape(-1, 4)
+    values = byte_values().double().numpy()[word_bytes].reshape(-1, 8)  # byte i -> codes 2i, 2i + 1
+    return word_bytes.view("<u4")[:, 0], values
+
+
+def _same_bits(got, expected) -> bool:
+    """Equal as fp16 bit patterns: values and the sign of zero (code 8 is -0)."""
+    return np.array_equal(_f16_bits(got), _f16_bits(expected))
+
+
+@pytest.mark.parametrize("decode", ["hw", "bitops"])
+def test_fp16_decodes_give_every_code_of_every_byte_in_k_order(decode):
+    """Each fp16 decode of a word, its half2 put back in K order (`codes_in_order`), against the
+    exact decode: true values (hardware), value * 2^-14 (bit trick on A), bit for bit, and true
+    values again after B's multiply by 2^14 (bit trick on B; ``fma.rn`` of -0 * 2^14 + 0 is +0, so
+    there -0 comes out as +0, which no product or sum can tell apart)."""
+    words, expected = _every_byte_at_every_position()
+    decoder = {"hw": dm.decode_word_hw, "bitops": dm.decode_word_bitops}[decode]
+    got = dm.codes_in_order(decoder(words), decode).astype(np.float64)
+    assert _same_bits(got * dm.DECODE_FACTOR[decode], expected)
+    if decode == "bitops":
+        b_values = dm.codes_in_order(dm.decode_b_word_bitops(words), "bitops").astype(np.float64)
+        assert np.array_equal(b_values, expected)
+        assert not np.signbit(b_values[expected == 0]).any()
+
+
+def test_codes_in_order_sees_a_wrong_half2_order(monkeypatch):
+    words, expected = _every_byte_at_every_position()
+    swapped = dict(dm.HALF2_CODES, bitops=((0, 4), (2, 6), (3, 7), (1, 5)))
+    monkeypatch.setattr(dm, "HALF2_CODES", swapped)
+    got = dm.codes_in_order(dm.decode_word_bitops(words), "bitops").astype(np.float64)
+    assert not _same_bits(got * dm.DECODE_FACTOR["bitops"], expected)
+
+
+def _signed_bytes(words) -> np.ndarray:
+    """[n] uint32 words -> int64 [n, 4], their bytes as signed values (byte 0 first)."""
+    return np.ascontiguousarray(words, dtype="<u4").view(np.int8).reshape(-1, 4).astype(np.int64)
+
+
+def test_lookup_decodes_every_code_of_every_byte():
+    """`decode_word_lut` gives 2|v| split by sign, `decode_b_word_lut` 2v and -2v as signed bytes: the
+    4 words of each hold codes 0-3 then 4-7, 4 bits of the word per byte (code j in byte j % 4)."""
+    words, expected = _every_byte_at_every_position()
+    codes = np.stack([(words >> (4 * j)) & 0xF for j in range(8)], -1)  # code j = nibble j of the word
+    values = expected  # [n, 8], codes in K order
+    pos_lo, pos_hi, neg_lo, neg_hi = (_signed_bytes(w) for w in dm.decode_word_lut(words))
+    positive, negative = np.concatenate([pos_lo, pos_hi], 1), np.concatenate([neg_lo, neg_hi], 1)
+    assert np.array_equal(positive - negative, 2 * values)
+    assert np.array_equal(np.where(codes >= 8, positive, negative), np.zeros_like(positive))  # one side is 0
+    b_lo, b_hi, minus_lo, minus_hi = (_signed_bytes(w) for w in dm.decode_b_word_lut(words))
+    assert np.array_equal(np.concatenate([b_lo, b_hi], 1), 2 * values)
+    assert np.array_equal(np.concatenate([minus_lo, minus_hi], 1), -2 * values)
+
+
+def test_negate_bytes_negates_each_byte_without_borrow():
+    v = np.arange(129, dtype=np.uint32)
+    words = v | v[::-1] << 8 | (v // 2) << 16 | (128 - v // 3) << 24
+    got = _signed_bytes(dm.negate_bytes(words))
+    bytes_in = np.stack([v, v[::-1], v // 2, 128 - v // 3], -1).astype(np.int64)
+    assert np.array_equal(got, np.where(bytes_in == 128, -128, -bytes_in))  # -128 is its own negation
+
+
 def test_hardware_decode_halves_hold_consecutive_codes():
     word = np.uint32(0x76543210 ^ 0x88008800)  # bytes 0x10, 0xba, 0x54, 0xfe: every code once
-    got = [v for h in dm.decode_word_hw(word) for v in dm._halves(h)]
+    got = [v for h in dm.decode_word_hw(word) for v in dm.halves(h)]
     codes = [(int(word) >> (4 * i)) & 0xF for i in range(8)]
     assert np.array_equal(_f16_bits([float(v) for v in got]), _f16_bits([E2M1_VALUES[c] for c in codes]))
 

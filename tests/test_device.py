@@ -133,6 +133,6 @@ def test_calibrate_without_a_gpu_skips_and_says_why(monkeypatch, capsys):
 
     monkeypatch.setattr(calibrate, "capabilities",
                         lambda: dataclasses.replace(capabilities(), cuda=False, name="cpu", sm=None))
-    monkeypatch.setattr(calibrate.dispatch, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
+    monkeypatch.setattr(calibrate.calibration, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
     assert calibrate.main() == 0
     assert "calibrate: skipped" in capsys.readouterr().out

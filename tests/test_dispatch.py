@@ -1,17 +1,22 @@
-"""The dispatcher: the path chosen per device and shape, reported with its reason; forcing;
-the measured table. Other machines are simulated by replacing capabilities(), without kernels."""
+"""The registry of paths and the dispatcher: the path chosen per device and shape, reported with its
+reason; forcing; the measured table and its calibration. Other machines are simulated by replacing
+capabilities(), without kernels."""
+import ast
 import dataclasses
+import inspect
 import json
+import re
+import sys
 
 import pytest
 import torch
 
-from nvfp4lib import dispatch
+from nvfp4lib import calibration, contract, dispatch, paths, submission
 from nvfp4lib.bench import StoppingRule, summarize
+from nvfp4lib.contract import NAMES, NVFP4InputError, Shape
 from nvfp4lib.device import Capabilities, capabilities
-from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, Shape, generate_input
+from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.validate import NVFP4InputError
 
 CPU = Capabilities(cuda=False, name="cpu", sm=None, fp4_gemm=False, cute_dsl=True, cute_dsl_version="4.8.1",
                    hw_e2m1=False, cute_arch=None)
@@ -27,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("clean_dispatch")  # every test starts with
 
 def _fresh(shape: Shape, device: str = "cpu"):
     data = generate_input(*shape, seed=next(_seeds), mode="full", device=device)
-    poison_(data[6])
+    poison_(data.c)
     return data
 
 
@@ -41,10 +46,10 @@ def _pretend(monkeypatch, caps: Capabilities) -> None:
 def test_cpu_inputs_take_the_emulation_and_say_why():
     data = _fresh(Shape(256, 512, 2))
     decision = dispatch.explain(data)
-    assert decision.path == "scaled_mm" and decision.source == "device"
+    assert decision.path == "scaled_mm_permuted" and decision.source == "device"
     assert "CPU" in decision.reason and "emulation" in decision.reason
     assert decision.shape_class == dispatch.shape_class((256, 512, 2))
-    assert str(decision).startswith("scaled_mm [")
+    assert str(decision).startswith("scaled_mm_permuted [")
 
 
 @pytest.mark.parametrize("shape", TEST_SHAPES[:3] + [Shape(512, 1536, 2), Shape(256, 512, 3)],
@@ -52,10 +57,10 @@ def test_cpu_inputs_take_the_emulation_and_say_why():
 def test_custom_kernel_on_cpu_matches_reference(shape):
     data = _fresh(shape)
     out = dispatch.custom_kernel(data)
-    assert out is data[6]
+    assert out is data.c
     result = check(out, data)
     assert result.ok, result.message
-    assert dispatch.decisions()[(data[0].shape, False)].path == "scaled_mm"
+    assert dispatch.decisions()[(data.a.shape, False)].path == "scaled_mm_permuted"
 
 
 @pytest.mark.parametrize("bad", [None, {}, (), (1, 2, 3, 4, 5, 6, 7)])
@@ -66,15 +71,25 @@ def test_malformed_input_gets_the_validators_error(bad):
 
 def test_choice_is_made_once_per_shape(monkeypatch):
     made = []
-    real = dispatch._plan
-    monkeypatch.setattr(dispatch, "_plan", lambda data, key: made.append(key) or real(data, key))
+    real = dispatch.DISPATCHER._plan
+    monkeypatch.setattr(dispatch.DISPATCHER, "_plan", lambda data, key: made.append(key) or real(data, key))
     for _ in range(3):
         dispatch.custom_kernel(_fresh(Shape(128, 256, 1)))
     dispatch.custom_kernel(_fresh(Shape(128, 512, 1)))
     assert len(made) == 2
 
 
-@pytest.mark.parametrize("name", ["reference", "scaled_mm", "scaled_mm_streams", "scaled_mm_graph"])
+# Every path that runs on inputs in host memory here (torch.compile's peer is left to tests/test_peers.py: slow).
+CPU_PATHS = [name for name, path in paths.PATHS.items()
+             if path.unavailable(capabilities(), False) is None and name != "peer_compiled"]
+
+
+def test_the_paths_built_on_pytorch_alone_run_on_the_cpu():
+    assert {"reference", "scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed", "scaled_mm_streams",
+            "scaled_mm_graph", "peer_eager", "peer_bf16"} <= set(CPU_PATHS)
+
+
+@pytest.mark.parametrize("name", CPU_PATHS)
 def test_force_runs_the_named_path_correctly(name):
     data = _fresh(Shape(256, 512, 3))
     with dispatch.force(name):
@@ -82,10 +97,10 @@ def test_force_runs_the_named_path_correctly(name):
         assert decision.path == name and decision.source == "forced"
         assert f"force('{name}')" in decision.reason
         for _ in range(2):  # the streams path warms up on its first call, then uses the pool
-            poison_(data[6])
+            poison_(data.c)
             result = check(dispatch.custom_kernel(data), data)
             assert result.ok, result.message
-    assert dispatch.explain(data).path == "scaled_mm"  # restored after the block
+    assert dispatch.explain(data).path == "scaled_mm_permuted"  # restored after the block
 
 
 def test_force_nests_and_rejects_unknown_names():
@@ -101,7 +116,7 @@ def test_force_nests_and_rejects_unknown_names():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
 def test_forcing_an_unavailable_path_fails_with_the_reason():
     data = _fresh(Shape(128, 256, 1))
-    with dispatch.force("cute"), pytest.raises(RuntimeError, match="cannot run here: .*CUDA"):
+    with dispatch.force("cute_fast"), pytest.raises(RuntimeError, match="cannot run here: .*CUDA"):
         dispatch.custom_kernel(data)
 
 
@@ -119,7 +134,7 @@ def test_environment_variable_forces_a_path(monkeypatch):
     with pytest.raises(ValueError, match="NVFP4_PATH: unknown path"):
         dispatch.custom_kernel(data)
     monkeypatch.setenv(dispatch.PATH_ENV_VAR, "auto")
-    assert dispatch.explain(data).path == "scaled_mm"
+    assert dispatch.explain(data).path == "scaled_mm_permuted"
 
 
 # --------------------------------------------------------------- simulated other machines
@@ -128,15 +143,15 @@ def test_environment_variable_forces_a_path(monkeypatch):
 def test_hopper_takes_the_cute_kernel(monkeypatch):
     _pretend(monkeypatch, HOPPER)
     decision = dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=True)
-    assert decision.path == "cute" and decision.source == "device"
+    assert decision.path == "cute_fast" and decision.source == "device"
     assert "sm_100" in decision.reason
-    assert dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=False).path == "scaled_mm"
+    assert dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=False).path == "scaled_mm_permuted"
 
 
 def test_gpu_without_cute_dsl_takes_the_emulation_on_the_gpu(monkeypatch):
     _pretend(monkeypatch, dataclasses.replace(HOPPER, cute_dsl=False, cute_dsl_version=None))
     decision = dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=True)
-    assert decision.path == "scaled_mm" and "emulation on the GPU" in decision.reason
+    assert decision.path == "scaled_mm_permuted" and "emulation on the GPU" in decision.reason
 
 
 def test_blackwell_without_table_reports_the_default(monkeypatch):
@@ -146,7 +161,7 @@ def test_blackwell_without_table_reports_the_default(monkeypatch):
         assert decision.path == dispatch.BLACKWELL_DEFAULT and decision.source == "default"
         assert dispatch.DEFAULT_NOTE in decision.reason
     no_dsl = dataclasses.replace(BLACKWELL, cute_dsl=False, cute_dsl_version=None)
-    assert dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=True, caps=no_dsl).path == "scaled_mm"
+    assert dispatch.choose(BENCHMARK_SHAPES[0], on_cuda=True, caps=no_dsl).path == "scaled_mm_permuted"
 
 
 @pytest.mark.parametrize("caps", [CPU, HOPPER, BLACKWELL, dataclasses.replace(HOPPER, cute_dsl=False),
@@ -155,42 +170,45 @@ def test_blackwell_without_table_reports_the_default(monkeypatch):
 def test_without_a_table_the_choice_is_the_first_runnable_path_of_the_fallback_order(caps):
     for on_cuda in (False, True) if caps.cuda else (False,):
         decision = dispatch.choose(BENCHMARK_SHAPES[1], on_cuda=on_cuda, caps=caps)
-        runnable = [p for p in dispatch.FALLBACK_ORDER if dispatch.why_unavailable(p, caps, on_cuda) is None]
-        assert decision.path == runnable[0] == dispatch.fallback_paths(caps, on_cuda)[0]
-        assert dispatch.fallback_paths(caps, on_cuda, after=runnable[0]) == runnable[1:]
-    assert dispatch.FALLBACK_ORDER[-1] == "scaled_mm" and dispatch.why_unavailable("scaled_mm", caps, False) is None
+        runnable = [p for p in paths.FALLBACK_ORDER if paths.PATHS[p].unavailable(caps, on_cuda) is None]
+        assert decision.path == runnable[0] == paths.fallback_paths(caps, on_cuda)[0]
+        assert paths.fallback_paths(caps, on_cuda, after=runnable[0]) == runnable[1:]
+    assert paths.FALLBACK_ORDER[-1] == "scaled_mm_permuted"
+    assert paths.PATHS["scaled_mm_permuted"].unavailable(caps, False) is None
 
 
 def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
     """The CuTe kernel chosen (as on a GPU) but not compiling: the next path of FALLBACK_ORDER runs, and
-    the decision says why; a forced path is not replaced."""
+    the decision says why; a forced path is not replaced. Fresh dispatchers build the patched path."""
     def no_compile():
         raise RuntimeError("NVVM_ERROR_COMPILATION")
 
-    monkeypatch.setitem(dispatch.PATHS, "cute", dataclasses.replace(dispatch.PATHS["cute"], make=no_compile,
-                                                                     unavailable=dispatch._anywhere))
-    monkeypatch.delitem(dispatch._built, "cute", raising=False)  # built again, with the patched make
+    monkeypatch.setitem(paths.PATHS, "cute_fast", dataclasses.replace(paths.PATHS["cute_fast"], build=no_compile,
+                                                                       unavailable=paths.runs_anywhere))
     key = dispatch.shape_class((256, 512, 2))
-    monkeypatch.setattr(dispatch, "choose", lambda shape, on_cuda: dispatch.Decision("cute", "chosen", key, "device"))
+    chosen = dispatch.Dispatcher()
+    monkeypatch.setattr(chosen, "choose",
+                        lambda shape, on_cuda: dispatch.Decision("cute_fast", "chosen", key, "device"))
     data = _fresh(Shape(256, 512, 2))
-    result = check(dispatch.custom_kernel(data), data)
+    result = check(chosen(data), data)
     assert result.ok, result.message
-    decision = dispatch.decisions()[(data[0].shape, False)]
-    assert decision.path == "scaled_mm" and decision.source == "fallback"
-    assert decision.reason == ("cute could not be built (RuntimeError: NVVM_ERROR_COMPILATION); "
+    decision = chosen.decisions()[(data.a.shape, False)]
+    assert decision.path == "scaled_mm_permuted" and decision.source == "fallback"
+    assert decision.reason == ("cute_fast could not be built (RuntimeError: NVVM_ERROR_COMPILATION); "
                                "the next path of FALLBACK_ORDER")
-    dispatch.reset()
-    monkeypatch.setattr(dispatch, "choose", lambda shape, on_cuda: dispatch.Decision("cute", "forced", key, "forced"))
+    forced = dispatch.Dispatcher()
+    monkeypatch.setattr(forced, "choose",
+                        lambda shape, on_cuda: dispatch.Decision("cute_fast", "forced", key, "forced"))
     with pytest.raises(RuntimeError, match="NVVM_ERROR_COMPILATION"):
-        dispatch.custom_kernel(data)
+        forced(data)
 
 
 def _table_for(caps: Capabilities) -> dispatch.Table:
     big, many = BENCHMARK_SHAPES[0], BENCHMARK_SHAPES[1]
     return dispatch.Table(caps.name, "10.0", {
-        dispatch.shape_class(big): {"path": "scaled_mm", "mean_us": {"scaled_mm": 20.0, "cute": 25.0},
-                                    "shapes": [list(big)]},
-        dispatch.shape_class(many): {"path": "cute", "mean_us": {"scaled_mm": 130.0, "cute": 30.0},
+        dispatch.shape_class(big): {"path": "scaled_mm_permuted",
+                                    "mean_us": {"scaled_mm_permuted": 20.0, "cute_fast": 25.0}, "shapes": [list(big)]},
+        dispatch.shape_class(many): {"path": "cute_fast", "mean_us": {"scaled_mm_permuted": 130.0, "cute_fast": 30.0},
                                      "shapes": [list(many)]},
     })
 
@@ -200,10 +218,10 @@ def test_blackwell_follows_the_measured_table(monkeypatch):
     dispatch.set_table(_table_for(BLACKWELL))
     big, many, other = BENCHMARK_SHAPES
     d_big = dispatch.choose(big, on_cuda=True)
-    assert d_big.path == "scaled_mm" and d_big.source == "table" and "20.0 us" in d_big.reason
-    assert dispatch.choose(many, on_cuda=True).path == "cute"
+    assert d_big.path == "scaled_mm_permuted" and d_big.source == "table" and "20.0 us" in d_big.reason
+    assert dispatch.choose(many, on_cuda=True).path == "cute_fast"
     assert dispatch.choose(other, on_cuda=True).source == "default"  # class not in the table
-    with dispatch.force("scaled_mm"):  # forcing still wins over the table
+    with dispatch.force("scaled_mm_permuted"):  # forcing still wins over the table
         assert dispatch.choose(many, on_cuda=True).source == "forced"
     # a table of another GPU model is ignored
     dispatch.set_table(_table_for(dataclasses.replace(BLACKWELL, name="NVIDIA GB300")))
@@ -220,8 +238,13 @@ def test_table_round_trips_through_json(monkeypatch, tmp_path):
     with pytest.raises(ValueError, match="measured on 'NVIDIA B200'"):
         dispatch.load_table(path)
     assert dispatch.load_table(path, any_device=True).device == "NVIDIA B200"
-    path.write_text(path.read_text().replace('"path": "cute"', '"path": "warp_speed"'))
+    text = path.read_text()
+    assert '"path": "cute_fast"' in text
+    path.write_text(text.replace('"path": "cute_fast"', '"path": "warp_speed"'))
     with pytest.raises(ValueError, match="unknown path 'warp_speed'"):
+        dispatch.load_table(path, any_device=True)
+    path.write_text(text.replace('"path": "cute_fast"', '"path": "cute"'))  # a name of the old scheme
+    with pytest.raises(ValueError, match="unknown path 'cute'"):
         dispatch.load_table(path, any_device=True)
     with pytest.raises(ValueError, match="no table"):
         dispatch.set_table(None) or dispatch.save_table(tmp_path / "none.json")
@@ -234,47 +257,232 @@ def test_shape_classes():
     assert dispatch.shape_class((128, 256, 1)) == "L1-A2^14"
 
 
+# ------------------------------------------------------------------------------- the registry of paths
+
+# The name prefixes of each kind of path: the family comes first in every name.
+FAMILIES = {"nvfp4lib": ("cute_", "scaled_mm_"), "peer": ("peer_", "triton_"), "yardstick": ("reference",)}
+MACHINES = {"cpu": CPU, "hopper": HOPPER, "blackwell": BLACKWELL,
+            "hopper-no-dsl": dataclasses.replace(HOPPER, cute_dsl=False, cute_dsl_version=None),
+            "blackwell-no-dsl": dataclasses.replace(BLACKWELL, cute_dsl=False, cute_dsl_version=None)}
+
+
+def test_every_path_has_a_label_and_a_summary():
+    assert paths.PATHS
+    for name, path in paths.PATHS.items():
+        assert path.name == name
+        assert path.kind in FAMILIES, f"{name}: kind {path.kind!r}"
+        assert isinstance(path.label, str) and path.label.strip(), f"{name}: no label"
+        assert isinstance(path.summary, str) and path.summary.strip(), f"{name}: no summary"
+    labels = [path.label for path in paths.PATHS.values()]
+    assert len(set(labels)) == len(labels), "tables and legends tell the paths apart by their labels"
+
+
+def test_path_names_follow_one_scheme():
+    """Lowercase words joined by "_", the family first: one spelling in every tool."""
+    for name, path in paths.PATHS.items():
+        assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name), f"{name!r} is not lowercase words joined by _"
+        assert name.startswith(FAMILIES[path.kind]), f"{name!r} ({path.kind}) starts with none of {FAMILIES[path.kind]}"
+
+
+@pytest.mark.parametrize("caps", MACHINES.values(), ids=MACHINES.keys())
+def test_the_last_path_of_the_fallback_order_runs_anywhere(caps):
+    assert set(paths.FALLBACK_ORDER) <= set(paths.PATHS)
+    assert dispatch.BLACKWELL_DEFAULT == paths.FALLBACK_ORDER[0]
+    last = paths.FALLBACK_ORDER[-1]
+    for on_cuda in (False, True) if caps.cuda else (False,):
+        assert paths.PATHS[last].unavailable(caps, on_cuda) is None
+        assert paths.fallback_paths(caps, on_cuda)[-1] == last, "there is always a path to run"
+
+
+def test_every_exportable_path_can_be_exported():
+    exportable = {name for name, path in paths.PATHS.items() if path.exportable}
+    assert {"cute_fast", "scaled_mm_permuted"} <= exportable
+    assert exportable <= set(submission.EXPORTS)
+    assert set(submission.EXPORTS) - exportable == {submission.HYBRID}
+
+
+@pytest.mark.parametrize("name", ["cute", "scaled_mm", "cute_graph", "cute-fast", "peer-bf16", "fastest"])
+def test_an_unknown_name_is_refused_with_the_list_of_paths(name):
+    assert paths.check_name("cute_fast", "--only") == "cute_fast"
+    with pytest.raises(ValueError) as refused:
+        paths.check_name(name, "--only")
+    message = str(refused.value)
+    assert message.startswith(f"--only: unknown path {name!r}; expected one of ")
+    assert message.split("expected one of ", 1)[1].split(", ") == list(paths.PATHS)
+
+
+# ------------------------------------------------------------------------------- the Dispatcher object
+
+
+def test_two_dispatchers_keep_their_own_choices_forces_and_tables():
+    first, second = dispatch.Dispatcher(), dispatch.Dispatcher()
+    tab = _table_for(BLACKWELL)
+    first.set_table(tab)
+    assert first.table() is tab and second.table() is None and dispatch.table() is None
+    data = _fresh(Shape(256, 512, 2))
+    key = (data.a.shape, False)
+    with first.force("reference"):
+        assert first.explain(data).path == "reference"
+        assert second.explain(data).path == dispatch.explain(data).path == "scaled_mm_permuted"
+        for run in (first, second):
+            poison_(data.c)
+            result = check(run(data), data)
+            assert result.ok, result.message
+        assert first.decisions()[key].path == "reference"
+        assert second.decisions()[key].path == "scaled_mm_permuted"
+        assert key not in dispatch.decisions()
+    assert not first.decisions(), "leaving force() forgets that dispatcher's choices"
+    assert second.decisions()[key].path == "scaled_mm_permuted", "... and only that dispatcher's"
+    assert first.build("scaled_mm_graph") is first.build("scaled_mm_graph"), "built once per dispatcher"
+    assert first.build("scaled_mm_graph") is not second.build("scaled_mm_graph"), "each builds its own"
+
+
+def test_the_module_functions_are_the_default_dispatchers_methods():
+    for name in ("reset", "table", "set_table", "save_table", "load_table", "choose", "explain", "decisions",
+                 "force"):
+        function = getattr(dispatch, name)
+        assert function.__self__ is dispatch.DISPATCHER, name
+        assert function.__func__ is getattr(dispatch.Dispatcher, name), name
+    tab = _table_for(BLACKWELL)
+    dispatch.set_table(tab)
+    assert dispatch.DISPATCHER.table() is tab
+    data = _fresh(Shape(128, 256, 2))
+    key = (data.a.shape, False)
+    with dispatch.force("reference"):
+        assert dispatch.DISPATCHER.choose(Shape(128, 256, 2)).path == "reference"
+        dispatch.custom_kernel(data)
+        assert dispatch.DISPATCHER.decisions()[key].path == "reference"
+    poison_(data.c)
+    result = check(dispatch.custom_kernel(data), data)
+    assert result.ok, result.message
+    assert dispatch.DISPATCHER.decisions()[key].path == "scaled_mm_permuted"
+    dispatch.reset()
+    assert dispatch.DISPATCHER.decisions() == {}
+
+
+def test_the_dispatcher_leaves_validation_to_the_chosen_path(monkeypatch):
+    """One validation per call, the chosen path's: the dispatcher reads only a's shape. Every module
+    that imported validate_gemv_input by name gets the counting one."""
+    real = contract.validate_gemv_input
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if (name == "nvfp4lib" or name.startswith("nvfp4lib.")) and getattr(module, "validate_gemv_input",
+                                                                              None) is real:
+            monkeypatch.setattr(module, "validate_gemv_input", counting)
+    data = _fresh(Shape(384, 192, 2))
+    out = dispatch.Dispatcher()(data)  # the first call: it chooses and builds the path, then runs it
+    assert len(calls) == 1, f"validated {len(calls)} times"
+    result = check(out, data)
+    assert result.ok, result.message
+    used = {node.id for node in ast.walk(ast.parse(inspect.getsource(dispatch))) if isinstance(node, ast.Name)}
+    assert "validate_gemv_input" not in used | set(vars(dispatch))
+
+
+def _with(data, **changes):
+    """The 7 tensors as a plain tuple, some replaced by name."""
+    return tuple(changes.get(name, t) for name, t in zip(NAMES, data))
+
+
+MALFORMED = {
+    "six-tensors": (lambda d: tuple(d)[:6], r"data: expected a 7-tuple .*got tuple of length 6"),
+    "a-not-a-tensor": (lambda d: _with(d, a=[[1]]), r"^a: expected a torch\.Tensor, got list"),
+    "b-not-a-tensor": (lambda d: _with(d, b=None), r"b: expected a torch\.Tensor, got NoneType"),
+    "sfa-float32": (lambda d: _with(d, sfa=d.sfa.float()),
+                    r"sfa: expected dtype torch\.float8_e4m3fn, got torch\.float32"),
+    "c-wrong-shape": (lambda d: _with(d, c=torch.empty(256, 2, 2, dtype=torch.float16)),
+                      r"c: expected shape \(256, 1, 2\), got \(256, 2, 2\)"),
+}
+
+
+@pytest.mark.parametrize("make, match", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_tuple_is_refused_naming_the_argument(make, match):
+    """Through custom_kernel, before and after its shape is planned: the chosen path's check names it."""
+    data = _fresh(Shape(256, 128, 2))
+    for _ in range(2):
+        with pytest.raises(NVFP4InputError, match=match):
+            dispatch.custom_kernel(make(data))
+        dispatch.custom_kernel(data)  # the shape is planned now
+
+
+# ----------------------------------------------------------------------------------- calibration
+
 FEW = StoppingRule(max_calls=3, budget_s=1e9, min_wall_s=1e9)  # exactly 3 timed calls
+
+
+def _fake_path(name: str, summary: str, fn) -> paths.GemvPath:
+    return paths.GemvPath(name, name.replace("_", " "), summary, lambda: fn, paths.runs_anywhere)
 
 
 def test_calibrate_times_checks_and_picks(monkeypatch):
     """On the CPU the timings are wall clock and meaningless, but the logic is the real one."""
-    broken = dispatch.GemvPath("broken", "writes zeros", lambda: lambda d: d[6].zero_(), dispatch._anywhere)
-    monkeypatch.setitem(dispatch.PATHS, "broken", broken)
+    def zeros(data):
+        *_, c = data
+        return c.zero_()
+
+    monkeypatch.setitem(paths.PATHS, "broken", _fake_path("broken", "writes zeros", zeros))
     shapes = [Shape(128, 256, 1), Shape(128, 256, 2), Shape(256, 128, 2)]  # the last two: one class
-    tab = dispatch.calibrate(shapes, ("scaled_mm", "reference", "broken", "cute"), rule=FEW, warmup_rule=FEW)
-    assert tab.device == capabilities().name and dispatch.table() is tab
+    mine = dispatch.Dispatcher()
+    tab = calibration.calibrate(shapes, ("scaled_mm_permuted", "reference", "broken", "cute_fast"), rule=FEW,
+                                warmup_rule=FEW, install=mine)
+    assert tab.device == capabilities().name and mine.table() is tab
+    assert dispatch.table() is None, "set on the dispatcher it was given only"
     assert set(tab.entries) == {"L1-A2^14", "L2-A2^14"}
     assert tab.entries["L2-A2^14"]["shapes"] == [[128, 256, 2], [256, 128, 2]]
-    cute_here = dispatch.PATHS["cute"].unavailable(capabilities(), capabilities().cuda) is None
+    cute_here = paths.PATHS["cute_fast"].unavailable(capabilities(), capabilities().cuda) is None
     for entry in tab.entries.values():
-        assert set(entry["mean_us"]) == {"scaled_mm", "reference"} | ({"cute"} if cute_here else set())
+        assert set(entry["mean_us"]) == {"scaled_mm_permuted", "reference"} | ({"cute_fast"} if cute_here else set())
         assert entry["path"] == min(entry["mean_us"], key=entry["mean_us"].get)
     assert "wrong result" in tab.skipped["broken"]
     if not cute_here:
-        assert "cute" in tab.skipped
-    with pytest.raises(ValueError, match="unknown path"):
-        dispatch.calibrate(shapes, ("nope",))
+        assert "cute_fast" in tab.skipped
+    with pytest.raises(ValueError, match="unknown path 'nope'"):
+        calibration.calibrate(shapes, ("nope",))
+    with pytest.raises(ValueError, match="unknown path 'scaled_mm'"):  # a name of the old scheme
+        calibration.calibrate(shapes, ("scaled_mm",))
+
+
+def test_calibrate_sets_the_table_of_the_default_dispatcher():
+    tab = calibration.calibrate([Shape(128, 256, 1)], ("scaled_mm_permuted",), rule=FEW, warmup_rule=None)
+    assert dispatch.table() is tab and dispatch.DISPATCHER.table() is tab
+    assert tab.entries["L1-A2^14"]["path"] == "scaled_mm_permuted"
+
+
+def test_calibrate_without_install_sets_no_table(monkeypatch):
+    """install=None: the table is returned, DISPATCHER's is the one it had, and DISPATCHER builds nothing."""
+    before = _table_for(BLACKWELL)
+    dispatch.set_table(before)
+    monkeypatch.setattr(dispatch.DISPATCHER, "build", lambda name: pytest.fail(f"DISPATCHER built {name}"))
+    tab = calibration.calibrate([Shape(128, 256, 1)], ("scaled_mm_permuted", "reference"), rule=FEW,
+                                warmup_rule=None, install=None)
+    assert dispatch.table() is before
+    assert set(tab.entries["L1-A2^14"]["mean_us"]) == {"scaled_mm_permuted", "reference"}
 
 
 def test_calibrate_checks_a_clone_against_the_untouched_input(monkeypatch):
     """A path that zeroes A's scales gets zeros right for the inputs it changed: it is judged on the originals."""
     def zero_scales(data):
-        data[2].view(torch.uint8).zero_()
-        return data[6].zero_()
+        _, _, sfa, _, _, _, c = data
+        sfa.view(torch.uint8).zero_()
+        return c.zero_()
 
-    monkeypatch.setitem(dispatch.PATHS, "zero_scales", dispatch.GemvPath(
-        "zero_scales", "zeroes sfa", lambda: zero_scales, dispatch._anywhere))
-    tab = dispatch.calibrate([Shape(128, 256, 1)], ("scaled_mm", "zero_scales"), rule=FEW, warmup_rule=None,
-                             install=False)
+    monkeypatch.setitem(paths.PATHS, "zero_scales", _fake_path("zero_scales", "zeroes sfa, then c", zero_scales))
+    tab = calibration.calibrate([Shape(128, 256, 1)], ("scaled_mm_permuted", "zero_scales"), rule=FEW,
+                                warmup_rule=None, install=None)
     assert tab.skipped["zero_scales"].startswith("wrong result at (128, 256, 1)")
-    assert set(tab.entries["L1-A2^14"]["mean_us"]) == {"scaled_mm"}
+    assert set(tab.entries["L1-A2^14"]["mean_us"]) == {"scaled_mm_permuted"}
 
 
 def test_calibrate_ranks_by_the_leaderboards_mean_and_warms_each_path_up_once(monkeypatch):
     """Leaderboard time with the given rules; the mean decides, not the median."""
-    calls, built, real_build = [], [], dispatch._build
-    samples = {"scaled_mm": [1.0, 1.0, 40.0], "reference": [5.0, 6.0, 7.0]}
+    calls, built = [], []
+    samples = {"scaled_mm_permuted": [1.0, 1.0, 40.0], "reference": [5.0, 6.0, 7.0]}
+    mine = dispatch.Dispatcher()
+    real_build = mine.build
 
     def build(name):
         built.append(name)  # the path whose call is measured next
@@ -284,14 +492,15 @@ def test_calibrate_ranks_by_the_leaderboards_mean_and_warms_each_path_up_once(mo
         calls.append((measures, rule))
         return {"leaderboard": summarize("leaderboard", samples[built[-1]])}
 
-    monkeypatch.setattr(dispatch, "_build", build)
-    monkeypatch.setattr(dispatch, "measure", fake_measure)
+    monkeypatch.setattr(mine, "build", build)
+    monkeypatch.setattr(calibration, "measure", fake_measure)
     warm = StoppingRule(max_calls=2, budget_s=1.0)
     shapes = [Shape(128, 256, 1), Shape(256, 128, 1)]
-    tab = dispatch.calibrate(shapes, ("scaled_mm", "reference"), rule=FEW, warmup_rule=warm, install=False)
+    tab = calibration.calibrate(shapes, ("scaled_mm_permuted", "reference"), rule=FEW, warmup_rule=warm,
+                                install=mine)
     entry = tab.entries["L1-A2^14"]
-    assert entry["mean_us"] == {"scaled_mm": pytest.approx(14.0), "reference": pytest.approx(6.0)}
-    assert entry["path"] == "reference", "scaled_mm's median (1.0) is lower, its mean (14.0) is not"
+    assert entry["mean_us"] == {"scaled_mm_permuted": pytest.approx(14.0), "reference": pytest.approx(6.0)}
+    assert entry["path"] == "reference", "scaled_mm_permuted's median (1.0) is lower, its mean (14.0) is not"
     assert calls == [(("leaderboard",), warm), (("leaderboard",), FEW), (("leaderboard",), warm),
                      (("leaderboard",), FEW), (("leaderboard",), FEW), (("leaderboard",), FEW)]
 
@@ -299,14 +508,14 @@ def test_calibrate_ranks_by_the_leaderboards_mean_and_warms_each_path_up_once(mo
 def test_calibrate_logs_one_line_per_shape_and_path(monkeypatch):
     lines = []
     shapes = [Shape(128, 256, 1), Shape(128, 256, 2)]
-    monkeypatch.setattr(dispatch, "capabilities", lambda: CPU)
-    dispatch.calibrate(shapes, ("scaled_mm", "cute", "reference"), rule=FEW, warmup_rule=None, install=False,
-                       log=lines.append)
-    why = dispatch.PATHS["cute"].unavailable(CPU, False)
+    monkeypatch.setattr(calibration, "capabilities", lambda: CPU)
+    calibration.calibrate(shapes, ("scaled_mm_permuted", "cute_fast", "reference"), rule=FEW, warmup_rule=None,
+                          install=None, log=lines.append)
+    why = paths.PATHS["cute_fast"].unavailable(CPU, False)
     assert lines == [
-        "timing scaled_mm at 128x256x1 (1/6) ...", f"skipping cute at 128x256x1 (2/6): {why}",
+        "timing scaled_mm_permuted at 128x256x1 (1/6) ...", f"skipping cute_fast at 128x256x1 (2/6): {why}",
         "timing reference at 128x256x1 (3/6) ...",
-        "timing scaled_mm at 128x256x2 (4/6) ...", f"skipping cute at 128x256x2 (5/6): {why}",
+        "timing scaled_mm_permuted at 128x256x2 (4/6) ...", f"skipping cute_fast at 128x256x2 (5/6): {why}",
         "timing reference at 128x256x2 (6/6) ...",
     ]
 
@@ -320,20 +529,20 @@ def test_custom_kernel_on_gpu_matches_reference(shape):
     data = _fresh(shape, "cuda")
     decision = dispatch.explain(data)
     for _ in range(2):
-        poison_(data[6])
+        poison_(data.c)
         result = check(dispatch.custom_kernel(data), data)
         assert result.ok, f"{decision}: {result.message}"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", sorted(dispatch.PATHS))
+@pytest.mark.parametrize("name", sorted(paths.PATHS))
 def test_every_available_path_is_correct_on_gpu(name):
-    if dispatch.PATHS[name].unavailable(capabilities(), True):
-        pytest.skip(dispatch.PATHS[name].unavailable(capabilities(), True))
+    if paths.PATHS[name].unavailable(capabilities(), True):
+        pytest.skip(paths.PATHS[name].unavailable(capabilities(), True))
     data = _fresh(Shape(512, 1536, 2), "cuda")
     with dispatch.force(name):
         for _ in range(3):
-            poison_(data[6])
+            poison_(data.c)
             result = check(dispatch.custom_kernel(data), data)
             assert result.ok, result.message
 
@@ -342,10 +551,10 @@ def test_every_available_path_is_correct_on_gpu(name):
 @pytest.mark.cute
 def test_blackwell_calibration_fills_the_table(tmp_path):
     shapes = [Shape(4096, 7168, 8), Shape(1024, 1024, 1)]
-    tab = dispatch.calibrate(shapes, rule=StoppingRule(max_calls=10, budget_s=1.0),
-                             warmup_rule=StoppingRule(max_calls=2, budget_s=1.0))
+    tab = calibration.calibrate(shapes, rule=StoppingRule(max_calls=10, budget_s=1.0),
+                                warmup_rule=StoppingRule(max_calls=2, budget_s=1.0))
     assert set(tab.entries) == {dispatch.shape_class(s) for s in shapes}
-    assert all(set(e["mean_us"]) == {"scaled_mm", "cute"} for e in tab.entries.values())
+    assert all(set(e["mean_us"]) == {"scaled_mm_permuted", "cute_fast"} for e in tab.entries.values())
     data = _fresh(shapes[0], "cuda")
     assert dispatch.explain(data).source == "table"
     result = check(dispatch.custom_kernel(data), data)

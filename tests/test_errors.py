@@ -9,6 +9,7 @@ every bad case that applies to it; each case says which message must appear.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, NamedTuple
 
@@ -16,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib import cute_gemv, dispatch, formats, layouts, peers, problem, reference, scaled_mm, validate
-from nvfp4lib.validate import NAMES, NVFP4InputError
+from nvfp4lib import contract, cute_gemv, dispatch, formats, layouts, peers, problem, reference, scaled_mm
+from nvfp4lib.contract import NAMES, NVFP4InputError
+from nvfp4lib.paths import PATHS
 
 M, K, L = 256, 128, 2  # the valid base case: 2 row tiles, 2 scale-column tiles, 2 batches
 BASE = problem.generate_input(M, K, L)
@@ -33,7 +35,7 @@ def with_(data, **changes):
 
 def other(m=M, k=K, l=L, name="a"):
     """One tensor of a valid tuple of another shape, laid out as the leaderboard does."""
-    return problem.generate_input(m, k, l)[NAMES.index(name)]
+    return getattr(problem.generate_input(m, k, l), name)
 
 
 def shifted(t: torch.Tensor, by: int) -> torch.Tensor:
@@ -72,37 +74,37 @@ class TupleCase(NamedTuple):
 TUPLE_CASES = [
     # arity and types
     TupleCase("six-entries", lambda: BASE[:6], r"data: expected a 7-tuple .*, got tuple of length 6"),
-    TupleCase("eight-entries", lambda: BASE + (BASE[6],), r"data: expected a 7-tuple .*, got tuple of length 8"),
+    TupleCase("eight-entries", lambda: BASE + (BASE.c,), r"data: expected a 7-tuple .*, got tuple of length 8"),
     TupleCase("none", lambda: None, r"data: expected a 7-tuple .*, got NoneType"),
     TupleCase("dict", lambda: dict(zip(NAMES, BASE)), r"data: expected a 7-tuple .*, got dict of length 7"),
     TupleCase("b-none", lambda: with_(BASE, b=None), r"b: expected a torch\.Tensor, got NoneType"),
-    TupleCase("sfa-ndarray", lambda: with_(BASE, sfa=BASE[2].float().numpy()),
+    TupleCase("sfa-ndarray", lambda: with_(BASE, sfa=BASE.sfa.float().numpy()),
               r"sfa: expected a torch\.Tensor, got ndarray"),
     TupleCase("c-float", lambda: with_(BASE, c=0.0), r"c: expected a torch\.Tensor, got float"),
     # dtypes
-    TupleCase("a-uint8", lambda: with_(BASE, a=BASE[0].view(torch.uint8)),
+    TupleCase("a-uint8", lambda: with_(BASE, a=BASE.a.view(torch.uint8)),
               r"a: expected dtype torch\.float4_e2m1fn_x2, got torch\.uint8"),
-    TupleCase("b-int8", lambda: with_(BASE, b=BASE[1].view(torch.int8)),
+    TupleCase("b-int8", lambda: with_(BASE, b=BASE.b.view(torch.int8)),
               r"b: expected dtype torch\.float4_e2m1fn_x2, got torch\.int8"),
-    TupleCase("sfa-float32", lambda: with_(BASE, sfa=BASE[2].float()),
+    TupleCase("sfa-float32", lambda: with_(BASE, sfa=BASE.sfa.float()),
               r"sfa: expected dtype torch\.float8_e4m3fn, got torch\.float32"),
-    TupleCase("sfb-e5m2", lambda: with_(BASE, sfb=BASE[3].view(torch.float8_e5m2)),
+    TupleCase("sfb-e5m2", lambda: with_(BASE, sfb=BASE.sfb.view(torch.float8_e5m2)),
               r"sfb: expected dtype torch\.float8_e4m3fn, got torch\.float8_e5m2"),
-    TupleCase("sfa_permuted-uint8", lambda: with_(BASE, sfa_permuted=BASE[4].view(torch.uint8)),
+    TupleCase("sfa_permuted-uint8", lambda: with_(BASE, sfa_permuted=BASE.sfa_permuted.view(torch.uint8)),
               r"sfa_permuted: expected dtype torch\.float8_e4m3fn, got torch\.uint8"),
-    TupleCase("c-float32", lambda: with_(BASE, c=BASE[6].float()),
+    TupleCase("c-float32", lambda: with_(BASE, c=BASE.c.float()),
               r"c: expected dtype torch\.float16, got torch\.float32"),
-    TupleCase("c-bfloat16", lambda: with_(BASE, c=BASE[6].bfloat16()),
+    TupleCase("c-bfloat16", lambda: with_(BASE, c=BASE.c.bfloat16()),
               r"c: expected dtype torch\.float16, got torch\.bfloat16"),
     # ranks
-    TupleCase("a-rank2", lambda: with_(BASE, a=BASE[0][:, :, 0]), r"a: expected rank 3, got shape \(256, 64\)"),
-    TupleCase("sfa-rank4", lambda: with_(BASE, sfa=BASE[2].unsqueeze(0)),
+    TupleCase("a-rank2", lambda: with_(BASE, a=BASE.a[:, :, 0]), r"a: expected rank 3, got shape \(256, 64\)"),
+    TupleCase("sfa-rank4", lambda: with_(BASE, sfa=BASE.sfa.unsqueeze(0)),
               r"sfa: expected rank 3, got shape \(1, 256, 8, 2\)"),
-    TupleCase("sfb_permuted-rank5", lambda: with_(BASE, sfb_permuted=BASE[5][..., 0]),
+    TupleCase("sfb_permuted-rank5", lambda: with_(BASE, sfb_permuted=BASE.sfb_permuted[..., 0]),
               r"sfb_permuted: expected rank 6, got shape \(32, 4, 1, 4, 2\)"),
-    TupleCase("c-rank2", lambda: with_(BASE, c=BASE[6][:, 0, :]), r"c: expected rank 3, got shape \(256, 2\)"),
+    TupleCase("c-rank2", lambda: with_(BASE, c=BASE.c[:, 0, :]), r"c: expected rank 3, got shape \(256, 2\)"),
     # shapes, and K / L that disagree between operands
-    TupleCase("b-64-rows", lambda: with_(BASE, b=BASE[1][:64]),
+    TupleCase("b-64-rows", lambda: with_(BASE, b=BASE.b[:64]),
               r"b: expected shape \(128, 64, 2\), got \(64, 64, 2\)"),
     TupleCase("b-other-K", lambda: with_(BASE, b=other(k=256, name="b")),
               r"b: expected K/2 = 64 \(from a\), got shape \(128, 128, 2\)"),
@@ -127,30 +129,30 @@ TUPLE_CASES = [
     TupleCase("M-200", lambda: problem.generate_input(200, K, L), r"a: expected M a multiple of 128, got M = 200",
               KERNELS),
     # devices ('meta' stands in for a second device)
-    TupleCase("c-on-meta", lambda: with_(BASE, c=BASE[6].to("meta")),
+    TupleCase("c-on-meta", lambda: with_(BASE, c=BASE.c.to("meta")),
               r"data: expected all tensors on one device, got .*'c': device\(type='meta'\)"),
-    TupleCase("sfa-on-meta", lambda: with_(BASE, sfa=BASE[2].to("meta")),
+    TupleCase("sfa-on-meta", lambda: with_(BASE, sfa=BASE.sfa.to("meta")),
               r"data: expected all tensors on one device, got .*'sfa': device\(type='meta'\)"),
     TupleCase("cpu-data-to-gpu-kernel", lambda: BASE, r"data: expected tensors on cuda, got cpu", GPU),
     # storage that a raw-pointer kernel would misread: same shape and values, other strides
-    TupleCase("a-contiguous", lambda: with_(BASE, a=BASE[0].contiguous()),
+    TupleCase("a-contiguous", lambda: with_(BASE, a=BASE.a.contiguous()),
               r"a: expected strides \(64, 1, 16384\) .*got \(128, 2, 1\)", KERNELS),
-    TupleCase("sfa-contiguous", lambda: with_(BASE, sfa=BASE[2].contiguous()),
+    TupleCase("sfa-contiguous", lambda: with_(BASE, sfa=BASE.sfa.contiguous()),
               r"sfa: expected strides \(8, 1, 2048\) .*got \(16, 2, 1\)", KERNELS),
-    TupleCase("sfb_permuted-contiguous", lambda: with_(BASE, sfb_permuted=BASE[5].contiguous()),
+    TupleCase("sfb_permuted-contiguous", lambda: with_(BASE, sfb_permuted=BASE.sfb_permuted.contiguous()),
               r"sfb_permuted: expected strides \(16, 4, 1024, 1, 512, 1024\) .*got \(64, 16, 16, 4, 2, 1\)",
               KERNELS),
-    TupleCase("c-contiguous", lambda: with_(BASE, c=BASE[6].contiguous()),
+    TupleCase("c-contiguous", lambda: with_(BASE, c=BASE.c.contiguous()),
               r"c: expected strides \(1, 1, 256\) .*got \(2, 2, 1\)", KERNELS),
     # ... or the right strides from an address that 128-bit (a, b, permuted scales) or 32-bit
     # (plain scales) loads cannot use
-    TupleCase("a-misaligned", lambda: with_(BASE, a=shifted(BASE[0], 1)),
+    TupleCase("a-misaligned", lambda: with_(BASE, a=shifted(BASE.a, 1)),
               r"a: expected a data pointer aligned to 16 bytes, got address % 16 = 1", KERNELS),
-    TupleCase("b-misaligned", lambda: with_(BASE, b=shifted(BASE[1], 8)),
+    TupleCase("b-misaligned", lambda: with_(BASE, b=shifted(BASE.b, 8)),
               r"b: expected a data pointer aligned to 16 bytes, got address % 16 = 8", KERNELS),
-    TupleCase("sfa-misaligned", lambda: with_(BASE, sfa=shifted(BASE[2], 2)),
+    TupleCase("sfa-misaligned", lambda: with_(BASE, sfa=shifted(BASE.sfa, 2)),
               r"sfa: expected a data pointer aligned to 4 bytes, got address % 4 = 2", KERNELS),
-    TupleCase("sfa_permuted-misaligned", lambda: with_(BASE, sfa_permuted=shifted(BASE[4], 4)),
+    TupleCase("sfa_permuted-misaligned", lambda: with_(BASE, sfa_permuted=shifted(BASE.sfa_permuted, 4)),
               r"sfa_permuted: expected a data pointer aligned to 16 bytes, got address % 16 = 4", KERNELS),
 ]
 
@@ -164,7 +166,7 @@ def _functional(data):
 
 # Entry points that take the 7-tuple, and which family of checks they must make.
 TUPLE_ENTRIES = {
-    "validate_gemv_input": (validate.validate_gemv_input, "kernel"),
+    "validate_gemv_input": (contract.validate_gemv_input, "kernel"),
     "reference_gemv": (reference.reference_gemv, "reference"),
     "check": (lambda data: reference.check(torch.zeros(M, 1, L), data), "reference"),
     "gemv_scaled_mm_reference": (scaled_mm.gemv_scaled_mm_reference, "kernel"),
@@ -174,10 +176,34 @@ TUPLE_ENTRIES = {
     "custom_kernel": (dispatch.custom_kernel, "kernel"),
     "eager_dequant_matmul": (peers.eager_dequant_matmul, "reference"),
     "prepare_bf16_weights": (peers.prepare_bf16_weights, "reference"),
-    "gemv_cute-fast": (lambda data: cute_gemv.gemv_cute(data, "fast"), "gpu"),
-    "gemv_cute-naive": (lambda data: cute_gemv.gemv_cute(data, "naive"), "gpu"),
-    "CuteGemv-naive": (lambda data: cute_gemv.CuteGemv("naive")(data), "gpu"),
+    "gemv_cute_fast": (lambda data: cute_gemv.gemv_cute(data, "fast"), "gpu"),
+    "gemv_cute_naive": (lambda data: cute_gemv.gemv_cute(data, "naive"), "gpu"),
+    "CuteGemv_naive": (lambda data: cute_gemv.CuteGemv("naive")(data), "gpu"),
 }
+
+
+@functools.lru_cache(maxsize=None)
+def _built(name: str):
+    return PATHS[name].build()
+
+
+def _registry_path(name: str):
+    """What nvfp4lib.paths builds for `name` (what ``dispatch.force(name)`` runs), built on first use."""
+    def run(data):
+        if name == "scaled_mm_functional":
+            return _functional(data)
+        return _built(name)(data)
+
+    return run
+
+
+# The registry's paths, as the dispatcher and the benchmark run them.
+REGISTRY_FAMILIES = {"cute_fast": "gpu", "cute_naive": "gpu", "scaled_mm_reference": "kernel",
+                     "scaled_mm_permuted": "kernel", "scaled_mm_transposed": "kernel",
+                     "scaled_mm_functional": "kernel", "scaled_mm_streams": "kernel", "scaled_mm_graph": "kernel",
+                     "cute_fast_graph": "gpu", "reference": "reference", "peer_eager": "reference",
+                     "peer_compiled": "reference", "peer_bf16": "reference"}
+TUPLE_ENTRIES.update({f"paths.{name}": (_registry_path(name), family) for name, family in REGISTRY_FAMILIES.items()})
 
 TUPLE_PAIRS = [pytest.param(entry, case, id=f"{entry}-{case.id}")
                for entry, (_, family) in TUPLE_ENTRIES.items()
@@ -204,9 +230,13 @@ def test_every_tuple_entry_meets_every_family_of_cases():
 def test_valid_tuple_is_accepted(entry):
     """The base case itself is fine, so every refusal above is caused by its one change."""
     fn, _ = TUPLE_ENTRIES[entry]
-    if entry == "gemv_scaled_mm_functional" and scaled_mm.functional_unavailable_reason():
-        pytest.skip(scaled_mm.functional_unavailable_reason())
-    fn(problem.generate_input(M, K, L))
+    data = problem.generate_input(M, K, L)
+    reference.poison_(data.c)
+    out = fn(data)
+    if entry not in ("validate_gemv_input", "reference_gemv", "check", "prepare_bf16_weights"):  # these write no c
+        assert out is data.c
+        result = reference.check(out, data)
+        assert result.ok, f"{entry}: {result.message}"
 
 
 # --------------------------------------------------------------------------- everything else
@@ -228,8 +258,8 @@ def _e4m3(*shape):
     return torch.ones(*shape).to(torch.float8_e4m3fn)
 
 
-PERMUTED = layouts.to_permuted(BASE[2])  # [32, 4, 2, 4, 2, 2]
-BLOCKED = layouts.to_blocked(BASE[2][:, :, 0])  # 2 x 2 atoms
+PERMUTED = layouts.to_permuted(BASE.sfa)  # [32, 4, 2, 4, 2, 2]
+BLOCKED = layouts.to_blocked(BASE.sfa[:, :, 0])  # 2 x 2 atoms
 ROWS = torch.randn(4, 32)
 NAN_ROWS = ROWS.clone().index_put_((torch.tensor([1]), torch.tensor([3])), torch.tensor(math.nan))
 INF_ROWS = ROWS.clone().index_put_((torch.tensor([2]), torch.tensor([5])), torch.tensor(-math.inf))
@@ -269,7 +299,7 @@ CASES = [
          r"^q\.scales: expected shape \(4, 1\).*, got \(4, 2\)"),
     Case("dequantize_nvfp4", "scales-float32",
          lambda: formats.dequantize_nvfp4(formats.NVFP4Tensor(_fp4(4, 8), torch.ones(4, 1), 1.0)),
-         r"^q\.scales: expected float8_e4m3fn.*, got torch\.float32"),
+         r"^q\.scales: expected uint8 or float8_e4m3fn, got torch\.float32"),
     # formats.encode_e2m1 / encode_e4m3: Inf saturates by definition, NaN has no code
     Case("encode_e2m1", "list", lambda: formats.encode_e2m1([1.0]), r"^x: expected a torch\.Tensor, got list"),
     Case("encode_e2m1", "nan", lambda: formats.encode_e2m1(torch.tensor([1.0, math.nan])),
@@ -291,7 +321,7 @@ CASES = [
          r"^codes: expected E2M1 codes 0\.\.15, got .*16"),
     Case("decode_e4m3", "list", lambda: formats.decode_e4m3([1]), r"^t: expected a torch\.Tensor, got list"),
     Case("decode_e4m3", "float32", lambda: formats.decode_e4m3(torch.ones(4)),
-         r"^t: expected float8_e4m3fn or uint8, got torch\.float32"),
+         r"^t: expected uint8 or float8_e4m3fn, got torch\.float32"),
     # formats.pack_fp4 / unpack_fp4
     Case("pack_fp4", "list", lambda: formats.pack_fp4([1, 2]), r"^codes: expected a torch\.Tensor, got list"),
     Case("pack_fp4", "float", lambda: formats.pack_fp4(torch.ones(4)),
@@ -309,32 +339,32 @@ CASES = [
          r"^packed: expected .*, got shape \(\)"),
     # layouts
     Case("to_permuted", "list", lambda: layouts.to_permuted([[1]]), r"^sf: expected a torch\.Tensor, got list"),
-    Case("to_permuted", "float32", lambda: layouts.to_permuted(BASE[2].float()),
-         r"^sf: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
-    Case("to_permuted", "rank4", lambda: layouts.to_permuted(BASE[2].unsqueeze(0)),
+    Case("to_permuted", "float32", lambda: layouts.to_permuted(BASE.sfa.float()),
+         r"^sf: expected uint8 or float8_e4m3fn, got torch\.float32"),
+    Case("to_permuted", "rank4", lambda: layouts.to_permuted(BASE.sfa.unsqueeze(0)),
          r"^sf: expected \[MN, K/16, L\] or \[MN, K/16\], got shape \(1, 256, 8, 2\)"),
-    Case("to_permuted", "rank1", lambda: layouts.to_permuted(BASE[2][:, 0, 0]),
+    Case("to_permuted", "rank1", lambda: layouts.to_permuted(BASE.sfa[:, 0, 0]),
          r"^sf: expected \[MN, K/16, L\] or \[MN, K/16\], got shape \(256,\)"),
     Case("from_permuted", "list", lambda: layouts.from_permuted([1], M, K // 16),
          r"^sfp: expected a torch\.Tensor, got list"),
     Case("from_permuted", "float32", lambda: layouts.from_permuted(PERMUTED.float(), M, K // 16),
-         r"^sfp: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
+         r"^sfp: expected uint8 or float8_e4m3fn, got torch\.float32"),
     Case("from_permuted", "rank5", lambda: layouts.from_permuted(PERMUTED[..., 0], M, K // 16),
          r"^sfp: expected shape \[32, 4, rest_mn, 4, rest_k, L\], got \(32, 4, 2, 4, 2\)"),
     Case("from_permuted", "other-M", lambda: layouts.from_permuted(PERMUTED, 512, K // 16),
          r"^sfp: expected rest_mn, rest_k = \(4, 2\) for mn=512, k_blocks=8, got shape \(32, 4, 2, 4, 2, 2\)"),
-    Case("to_blocked", "float32", lambda: layouts.to_blocked(BASE[2][:, :, 0].float()),
-         r"^sf2d: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
-    Case("to_blocked", "rank3", lambda: layouts.to_blocked(BASE[2]),
+    Case("to_blocked", "float32", lambda: layouts.to_blocked(BASE.sfa[:, :, 0].float()),
+         r"^sf2d: expected uint8 or float8_e4m3fn, got torch\.float32"),
+    Case("to_blocked", "rank3", lambda: layouts.to_blocked(BASE.sfa),
          r"^sf2d: expected \[MN, K/16\], got shape \(256, 8, 2\)"),
     Case("from_blocked", "float32", lambda: layouts.from_blocked(BLOCKED.float(), M, K // 16),
-         r"^flat: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
+         r"^flat: expected uint8 or float8_e4m3fn, got torch\.float32"),
     Case("from_blocked", "other-M", lambda: layouts.from_blocked(BLOCKED, 512, K // 16),
          r"^flat: expected 1-D with 4096 elements for mn=512, k_blocks=8, got shape \(2048,\)"),
     Case("from_blocked", "rank2", lambda: layouts.from_blocked(BLOCKED.view(4, 512), M, K // 16),
          r"^flat: expected 1-D with 2048 elements .*, got shape \(4, 512\)"),
     Case("permuted_as_blocked", "float32", lambda: layouts.permuted_as_blocked(PERMUTED.float(), 0),
-         r"^sfp: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
+         r"^sfp: expected uint8 or float8_e4m3fn, got torch\.float32"),
     Case("permuted_as_blocked", "contiguous", lambda: layouts.permuted_as_blocked(PERMUTED.contiguous(), 0),
          r"^sfp: expected strides \(16, 4, 1024, 1, 512, 2048\) .*got \(128, 32, 16, 4, 2, 1\)"),
     Case("permuted_as_blocked", "batch-out-of-range", lambda: layouts.permuted_as_blocked(PERMUTED, 2),
@@ -342,7 +372,7 @@ CASES = [
     Case("permuted_as_blocked", "rank5", lambda: layouts.permuted_as_blocked(PERMUTED[..., 0], 0),
          r"^sfp: expected shape \[32, 4, rest_mn, 4, rest_k, L\], got \(32, 4, 2, 4, 2\)"),
     Case("permuted_as_blocked_batches", "float32", lambda: layouts.permuted_as_blocked_batches(PERMUTED.float()),
-         r"^sfp: expected float8_e4m3fn or uint8 scales, got torch\.float32"),
+         r"^sfp: expected uint8 or float8_e4m3fn, got torch\.float32"),
     Case("permuted_as_blocked_batches", "contiguous",
          lambda: layouts.permuted_as_blocked_batches(PERMUTED.contiguous()),
          r"^sfp: expected strides \(16, 4, 1024, 1, 512, 2048\) .*got \(128, 32, 16, 4, 2, 1\)"),

@@ -17,12 +17,14 @@ import torch
 
 from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             summarize)
-from nvfp4lib.evaluate import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, DIRECTIVE, MAX_SEED, PACKAGE_DIR,
-                               BenchResult, Report, SubmissionError, SubmissionProcess, check_secret_seed, data_seed,
-                               evaluate, format_bench_table, has_directive, import_isolated, load_submission, main,
-                               run_benchmarks, run_tests, seed_of_benchmark, seed_of_test, stopping_rules)
+from nvfp4lib.contract import Shape
+from nvfp4lib.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, PACKAGE_DIR, Report,
+                               SubmissionProcess, check_secret_seed, data_seed, evaluate, format_bench_table,
+                               import_isolated, main, run_benchmarks, run_tests, seed_of_benchmark, seed_of_test,
+                               stopping_rules)
 from nvfp4lib.harness import RANKED_SEED_STEP, combine_seed
-from nvfp4lib.problem import TEST_SHAPES, Shape, bytes_moved, generate_input
+from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
+from nvfp4lib.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
 
@@ -364,20 +366,20 @@ ROUTES = {
     "exec_of_an_import": ("exec('import nvfp4lib.reference')", "No module named 'nvfp4lib'"),
     "sys_modules": ("return sys.modules['nvfp4lib.reference']", "raised KeyError: 'nvfp4lib.reference'"),
     "spec_from_file_location": (
-        "spec = importlib.util.spec_from_file_location('v', os.path.join(PACKAGE_DIR, 'validate.py'))\n"
+        "spec = importlib.util.spec_from_file_location('v', os.path.join(PACKAGE_DIR, 'contract.py'))\n"
         "spec.loader.exec_module(importlib.util.module_from_spec(spec))", "cannot read nvfp4lib's files"),
-    "run_path": ("runpy.run_path(os.path.join(PACKAGE_DIR, 'validate.py'))", "cannot read nvfp4lib's files"),
-    "read_and_exec": ("exec(open(os.path.join(PACKAGE_DIR, 'validate.py')).read(), {})",
+    "run_path": ("runpy.run_path(os.path.join(PACKAGE_DIR, 'contract.py'))", "cannot read nvfp4lib's files"),
+    "read_and_exec": ("exec(open(os.path.join(PACKAGE_DIR, 'contract.py')).read(), {})",
                       "cannot read nvfp4lib's files"),
     "finder_removed_and_path_restored": (
         "finders = sys.meta_path[:]\n"
         "sys.meta_path[:] = [f for f in finders if type(f).__name__ != 'RefusePackage']\n"
         "sys.path.insert(0, os.path.dirname(PACKAGE_DIR))\n"
-        "try:\n    import nvfp4lib.validate\nfinally:\n    sys.meta_path[:] = finders\n    sys.path.pop(0)",
+        "try:\n    import nvfp4lib.contract\nfinally:\n    sys.meta_path[:] = finders\n    sys.path.pop(0)",
         "cannot read nvfp4lib's files"),
     "symlinked_folder": (
         "os.symlink(PACKAGE_DIR, 'alias')\nsys.path.insert(0, os.getcwd())\n"
-        "try:\n    importlib.import_module('alias.validate')\nfinally:\n    sys.path.pop(0)",
+        "try:\n    importlib.import_module('alias.contract')\nfinally:\n    sys.path.pop(0)",
         "cannot read nvfp4lib's files"),
 }
 

@@ -10,17 +10,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from nvfp4lib import paths, plots  # noqa: E402
+from nvfp4lib import locations, plots  # noqa: E402
 
 
 @pytest.fixture
 def repo(tmp_path, monkeypatch):
     """A throw-away repository layout with the committed-figures folder and the build folder."""
-    monkeypatch.delenv(paths.FIGURES_ENV_VAR, raising=False)
-    monkeypatch.setattr(paths, "REPO_ROOT", tmp_path)
-    monkeypatch.setattr(paths, "COMMITTED_FIGURES_DIR", tmp_path / "figures")
-    monkeypatch.setattr(paths, "BUILD_FIGURES_DIR", tmp_path / "build" / "figures")
-    monkeypatch.setenv(paths.COMMIT_ENV_VAR, "0123456789abcdef")
+    monkeypatch.delenv(locations.FIGURES_ENV_VAR, raising=False)
+    monkeypatch.setattr(locations, "REPO_ROOT", tmp_path)
+    monkeypatch.setattr(locations, "COMMITTED_FIGURES_DIR", tmp_path / "figures")
+    monkeypatch.setattr(locations, "BUILD_FIGURES_DIR", tmp_path / "build" / "figures")
+    monkeypatch.setenv(locations.COMMIT_ENV_VAR, "0123456789abcdef")
     monkeypatch.setattr(plots, "_said", set())
     (tmp_path / "figures").mkdir()
     yield tmp_path
@@ -72,7 +72,7 @@ def test_small_or_other_device_goes_to_build(repo, monkeypatch):
 
 
 def test_environment_override_wins(repo, monkeypatch):
-    monkeypatch.setenv(paths.FIGURES_ENV_VAR, str(repo / "elsewhere"))
+    monkeypatch.setenv(locations.FIGURES_ENV_VAR, str(repo / "elsewhere"))
     plots.declare_mode("full")
     assert _save().parent == repo / "elsewhere"
 
@@ -84,7 +84,7 @@ def test_resolve_small_declares_the_mode(repo):
 
 def test_committed_index_lists_every_committed_png():
     """The repository's own figures/: one index row per PNG, no row without a PNG."""
-    pngs = {p.name for p in paths.COMMITTED_FIGURES_DIR.glob("*.png")}
+    pngs = {p.name for p in locations.COMMITTED_FIGURES_DIR.glob("*.png")}
     rows = plots.read_index()
     assert set(rows) == pngs, f"unlisted: {sorted(pngs - set(rows))}, listed but missing: {sorted(set(rows) - pngs)}"
     assert {r["mode"] for r in rows.values()} <= {"full"}

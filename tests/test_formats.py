@@ -7,10 +7,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvfp4lib.formats import (
-    BLOCK_SIZE, E2M1_VALUES, E4M3_MAX, FP4_MAX, NVFP4Tensor, as_fp4x2, decode_e2m1, decode_e4m3,
-    dequantize_nvfp4, encode_e2m1, encode_e4m3, fp4_bytes, pack_fp4, quantize_nvfp4, sqnr_db, unpack_fp4)
-from nvfp4lib.validate import NVFP4InputError
+from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError
+from nvfp4lib.formats import (E2M1_VALUES, E4M3_MAX, FP4_MAX, NVFP4Tensor, as_fp4x2, decode_e2m1, decode_e4m3,
+                              dequantize_nvfp4, encode_e2m1, encode_e4m3, fp4_bytes, pack_fp4, quantize_nvfp4, sqnr_db,
+                              unpack_fp4)
 from tests.bitdefs import e2m1_value, e4m3_value
 
 SQNR_GAUSSIAN_MIN_DB = 19.5  # measured about 20.4 dB for N(0, 1) data

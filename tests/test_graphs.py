@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from nvfp4lib import scaled_mm
+from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.graphs import CPU_NOTE, GraphedGemv, graph_key
-from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
 from nvfp4lib.streams import StreamPool, run_batches
 
@@ -17,7 +18,7 @@ _seeds = iter(range(2000, 10**6))
 
 def _fresh(shape: Shape, device: str = "cpu"):
     data = generate_input(*shape, seed=next(_seeds), mode="full", device=device)
-    poison_(data[6])
+    poison_(data.c)
     return data
 
 
@@ -31,7 +32,7 @@ def test_cpu_inputs_pass_straight_through():
     g = GraphedGemv(fn)
     data = _fresh(Shape(256, 512, 2))
     out = g(data)
-    assert out is data[6] and calls == [data]
+    assert out is data.c and calls == [data]
     result = check(out, data)
     assert result.ok, result.message
     g(data)
@@ -45,12 +46,12 @@ def test_key_changes_with_pointer_shape_stride_and_dtype():
     key = graph_key(data)
     assert graph_key(tuple(list(data))) == key
     assert graph_key(list(data)) == key  # the container does not matter, its contents do
-    retyped = (data[0].view(torch.uint8),) + data[1:]  # same address, shape and strides
+    retyped = data._replace(a=data.a.view(torch.uint8))  # same address, shape and strides
     assert graph_key(retyped) != key
     assert graph_key(_fresh(Shape(128, 64, 2))) != key  # new tensors, new pointers
-    shifted = (data[0][:, :, 1:],) + data[1:]
+    shifted = data._replace(a=data.a[:, :, 1:])
     assert graph_key(shifted) != key
-    restrided = (data[0].contiguous(),) + data[1:]
+    restrided = data._replace(a=data.a.contiguous())
     assert graph_key(restrided) != key
 
 
@@ -68,18 +69,17 @@ def test_arguments_are_checked():
 
 def _gemvs():
     """name -> GEMV on the whole tuple, for every GEMV that runs on this GPU."""
-    fns = {"scaled_mm": scaled_mm.gemv_scaled_mm_permuted}
+    fns = {"scaled_mm_permuted": scaled_mm.gemv_scaled_mm_permuted}
     if capabilities().cute_dsl:
         from nvfp4lib.cute_gemv import CuteGemv
-        from nvfp4lib.streams import CutePerBatch
 
-        fns["cute"] = CuteGemv()
-        per_batch, pool = CutePerBatch(), StreamPool(3)
-        fns["cute_pool"] = lambda d: run_batches(per_batch, d, pool)
+        fns["cute_fast"] = CuteGemv()
+        per_batch, pool = CuteGemv(cache_entries=64), StreamPool(3)  # one cache entry per batch view
+        fns["cute_fast_per_batch_streams"] = lambda d: run_batches(per_batch, d, pool)
     return fns
 
 
-GEMV_NAMES = ["scaled_mm", "cute", "cute_pool"]
+GEMV_NAMES = ["scaled_mm_permuted", "cute_fast", "cute_fast_per_batch_streams"]
 
 
 def _gemv(name):
@@ -100,9 +100,9 @@ def test_replay_is_bit_identical_to_direct_call(name, shape):
     assert check(expected, data).ok
     g = GraphedGemv(fn)
     for _ in range(3):
-        poison_(data[6])
+        poison_(data.c)
         out = g(data)
-        assert out is data[6]
+        assert out is data.c
         assert torch.equal(out, expected)
     assert g.captures == 1 and g.replays == 3
 
@@ -114,13 +114,13 @@ def test_new_tensors_capture_again_and_in_place_changes_are_seen(name):
     g = GraphedGemv(fn, max_graphs=2)
     first, second, third = (_fresh(Shape(256, 512, 2), "cuda") for _ in range(3))
     for data in (first, second, first, third):
-        poison_(data[6])
+        poison_(data.c)
         result = check(g(data), data)
         assert result.ok, result.message
     assert g.captures == 3 and len(g) == 2  # `first` was replayed once, `second` dropped for `third`
     # new values in the same memory: the graph reads them
-    first[0].view(torch.uint8).copy_(second[0].view(torch.uint8))
-    poison_(first[6])
+    first.a.view(torch.uint8).copy_(second.a.view(torch.uint8))
+    poison_(first.c)
     result = check(g(first), first)
     assert result.ok, result.message
 
@@ -137,9 +137,9 @@ def test_replay_on_a_non_default_stream(name):
     caller.wait_stream(torch.cuda.current_stream())  # the data, `expected` and the graph were made there
     with torch.cuda.stream(caller):
         torch.cuda._sleep(20_000_000)  # the replay must wait for the poison behind this
-        poison_(data[6])
+        poison_(data.c)
         g(data)
-        seen = data[6].clone()
+        seen = data.c.clone()
     caller.synchronize()
     assert torch.equal(seen, expected)
 

@@ -12,6 +12,7 @@ import torch
 
 from nvfp4lib import harness
 from nvfp4lib.bench import StoppingRule, Timing
+from nvfp4lib.contract import GemvInput
 from nvfp4lib.harness import (Case, Outcome, benchmark_case, benchmark_cases, check_bound, check_once, clone_input,
                               combine_seed, leaderboard_input, measure, run_mode, run_mode_in_process, timing_fields)
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
@@ -60,10 +61,12 @@ def test_benchmark_cases_and_the_secret_seed_change_the_data():
 
 def test_clone_input_copies_every_tensor_deeply():
     data = generate_input(128, 64, 1, seed=3)
-    nested = {"data": data, "list": [data[6], 5], "name": "x"}
+    nested = {"data": data, "list": [data.c, 5], "name": "x"}
     copy = clone_input(nested)
-    assert copy["name"] == "x" and copy["list"][1] == 5 and isinstance(copy["data"], tuple)
-    for got, was in zip(copy["data"] + (copy["list"][0],), data + (data[6],)):
+    assert copy["name"] == "x" and copy["list"][1] == 5
+    assert isinstance(copy["data"], GemvInput), "a named tuple stays one: fields are read by name"
+    assert type(clone_input(tuple(data))) is tuple and type(clone_input(list(data))) is list
+    for got, was in zip(copy["data"] + (copy["list"][0],), data + (data.c,)):
         assert got.data_ptr() != was.data_ptr() and got.stride() == was.stride()
         assert torch.equal(_bytes(got), _bytes(was))
 

@@ -10,7 +10,7 @@ import hashlib
 
 import pytest
 
-from nvfp4lib.paths import FIGURES_ENV_VAR, NOTEBOOKS_DIR
+from nvfp4lib.locations import FIGURES_ENV_VAR, NOTEBOOKS_DIR
 from tools import lab_smoke
 from tools.run_notebooks import discover
 

@@ -6,10 +6,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvfp4lib.layouts import (
-    from_blocked, from_permuted, permuted_as_blocked, permuted_as_blocked_batches, scale_tile_counts,
-    to_blocked, to_permuted)
-from nvfp4lib.validate import NVFP4InputError
+from nvfp4lib.contract import NVFP4InputError, scale_tile_counts
+from nvfp4lib.layouts import (from_blocked, from_permuted, permuted_as_blocked, permuted_as_blocked_batches, to_blocked,
+                              to_permuted)
 
 shapes = st.tuples(st.integers(1, 300), st.integers(1, 13), st.integers(1, 3), st.integers(0, 2**31))
 
@@ -117,7 +116,7 @@ def test_layout_errors():
         from_permuted(sfp, 300, 8)
     with pytest.raises(NVFP4InputError, match="^flat: expected 1-D with 1024"):
         from_blocked(torch.zeros(512, dtype=torch.uint8), 256, 4)
-    with pytest.raises(NVFP4InputError, match="^sf: expected float8_e4m3fn or uint8"):
+    with pytest.raises(NVFP4InputError, match="^sf: expected uint8 or float8_e4m3fn"):
         to_permuted(torch.zeros(4, 4))
     with pytest.raises(NVFP4InputError, match="^sf2d: expected"):
         to_blocked(torch.zeros(4, 4, 1, dtype=torch.uint8))

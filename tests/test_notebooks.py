@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from papermill.translators import PythonTranslator
 
-from nvfp4lib.paths import FIGURES_ENV_VAR
+from nvfp4lib.locations import FIGURES_ENV_VAR
 from tools.run_notebooks import FULL_MODE_ON_CPU, NotebookFailed, discover, run_notebook
 
 NOTEBOOKS = discover()

@@ -4,8 +4,10 @@ import pytest
 import torch
 
 from nvfp4lib import peers
+from nvfp4lib.contract import Shape
 from nvfp4lib.formats import NVFP4Tensor, dequantize_nvfp4
-from nvfp4lib.problem import Shape, bytes_moved, generate_input
+from nvfp4lib.paths import PATHS
+from nvfp4lib.problem import bytes_moved, generate_input
 from nvfp4lib.reference import check, poison_
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 1536, 2), Shape(384, 512, 3)]
@@ -17,7 +19,8 @@ def _bf16(data):
 
 @pytest.mark.parametrize("mode", ["full", "leaderboard"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("peer", [peers.eager_dequant_matmul, _bf16], ids=["eager", "bf16"])
+@pytest.mark.parametrize("peer", [peers.eager_dequant_matmul, _bf16, peers.bf16_gemv_dequantizing],
+                         ids=["eager", "bf16", "bf16-dequantizing"])
 def test_peer_matches_reference(peer, shape, mode):
     data = generate_input(*shape, seed=sum(shape), mode=mode)
     c = poison_(data[6])
@@ -67,6 +70,27 @@ def test_compiled_falls_back_to_eager_on_cpu_with_a_note(monkeypatch):
     assert check(peers.compiled_dequant_reduce(data), data).ok  # later calls: eager, no new warning
 
 
-def test_peer_names_are_described():
-    assert set(peers.PEERS) == {"eager", "compiled", "bf16"}
-    assert all(peers.PEERS.values())
+def test_peers_are_named_and_described_in_the_registry():
+    """The peers are registry paths of kind "peer", each with a label and a summary, built from this module."""
+    registered = {name: path for name, path in PATHS.items() if path.kind == "peer"}
+    assert {"peer_eager", "peer_compiled", "peer_bf16"} <= set(registered)
+    assert all(path.label and path.summary for path in registered.values())
+    assert PATHS["peer_eager"].build() is peers.eager_dequant_matmul
+    assert PATHS["peer_compiled"].build() is peers.compiled_dequant_reduce
+    assert PATHS["peer_bf16"].build() is peers.bf16_gemv_dequantizing
+
+
+def test_bf16_benchmark_call_dequantizes_once_outside_the_timed_call(monkeypatch):
+    """The timed call of peer_bf16 reads weights prepared before it: calling it prepares nothing."""
+    data = generate_input(128, 256, 2, seed=11)
+    prepared = []
+    real = peers.prepare_bf16_weights
+    monkeypatch.setattr(peers, "prepare_bf16_weights", lambda d: prepared.append(1) or real(d))
+    call = PATHS["peer_bf16"].timed_call(data)
+    assert len(prepared) == 1
+    for _ in range(2):
+        c = poison_(data[6])
+        assert call() is c
+        result = check(c, data)
+        assert result.ok, result.message
+    assert len(prepared) == 1

@@ -13,9 +13,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from nvfp4lib import bench_report, dispatch, scaled_mm, submission, suite  # noqa: E402
+from nvfp4lib import bench_report, paths, submission, suite  # noqa: E402
 from nvfp4lib.device import capabilities  # noqa: E402
-from nvfp4lib.paths import REPO_ROOT  # noqa: E402
+from nvfp4lib.locations import REPO_ROOT  # noqa: E402
 from nvfp4lib.plots import PATH_COLORS, path_color, path_key  # noqa: E402
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved  # noqa: E402
 
@@ -25,11 +25,17 @@ def _suite_names() -> list[str]:
     return [p.name for p in ran] + [name for name, _ in skipped]
 
 
+def _committed_names() -> list[str]:
+    """The path names of the committed result CSVs (written before the names had one scheme)."""
+    return sorted({r["path"] for csv in bench_report.RESULTS_DIR.glob("*.csv") for r in bench_report.load_results(csv)
+                   if r["kind"] != "ceiling"})
+
+
 NAMING_SCHEMES = {
     "suite": _suite_names(),
-    "dispatch.PATHS": list(dispatch.PATHS),
-    "submission.PATHS": list(submission.PATHS),
-    "scaled_mm.VARIANTS": [f"scaled_mm_{v}" for v in scaled_mm.VARIANTS],
+    "paths.PATHS": list(paths.PATHS),
+    "submission.EXPORTS": list(submission.EXPORTS),
+    "committed results": _committed_names(),
 }
 UNKNOWN = ["cute-fast-v2", "my_kernel", "Peer-Triton", "x"]
 
@@ -48,15 +54,23 @@ def test_fixed_colours_are_distinct_and_valid():
     assert all(to_hex(c) == c for c in PATH_COLORS.values())
 
 
+def test_the_fixed_colours_are_those_of_the_registry_paths():
+    """One colour per registry path, plus the dispatcher and the hybrid file; no colour of a name gone."""
+    assert set(PATH_COLORS) == set(paths.PATHS) | {"dispatch", submission.HYBRID}
+
+
 @pytest.mark.parametrize("names", [
-    ("cute-fast", "cute_fast", "cute", "CUTE-FAST"),
-    ("cute-naive", "cute_naive"),
-    ("scaled_mm-permuted", "scaled_mm_permuted", "scaled_mm"),
-    ("scaled_mm-transposed", "scaled_mm_transposed"),
-    ("peer-bf16", "peer_bf16"),
-    ("cute-fast-v2", "cute_fast_v2"),  # unknown names are normalised the same way
+    ("cute_fast", "cute-fast", "cute", "CUTE-FAST"),
+    ("cute_naive", "cute-naive"),
+    ("cute_fast_graph", "cute_graph", "cute-graph"),
+    ("scaled_mm_permuted", "scaled_mm-permuted", "scaled_mm"),
+    ("scaled_mm_transposed", "scaled_mm-transposed"),
+    ("peer_bf16", "peer-bf16"),
+    ("cute_fast_v2", "cute-fast-v2"),  # unknown names are normalised the same way
 ])
 def test_one_path_under_several_names_has_one_colour(names):
+    """Older CSV spellings (dashes, the dispatcher's short names) are keyed as the registry name, the first."""
+    assert {path_key(n) for n in names} == {names[0]}
     assert len({path_color(n) for n in names}) == 1
 
 
@@ -73,11 +87,12 @@ def test_unknown_names_get_a_valid_colour_that_does_not_depend_on_the_process():
 
 
 def _rows(names: list[str]) -> list[dict]:
-    """Benchmark-shape rows of a suite CSV for these paths (peers by their prefix)."""
+    """Benchmark-shape rows of a suite CSV for these paths (each of the kind the registry gives it)."""
     rows = []
     for s in BENCHMARK_SHAPES:
         for i, name in enumerate(names):
-            rows.append(dict(path=name, kind="peer" if name.startswith("peer-") else "nvfp4lib", label=name,
+            kind = paths.PATHS[path_key(name)].kind if path_key(name) in paths.PATHS else "nvfp4lib"
+            rows.append(dict(path=name, kind=kind, label=name,
                              shape_set="benchmark", m=s.m, k=s.k, l=s.l, bytes=bytes_moved(s), status="ok",
                              kernel_us=10.0 + i, leaderboard_us=15.0 + i, host_us=2.0, timing="cuda-events",
                              env_gpu="NVIDIA H200"))

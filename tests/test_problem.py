@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
+from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.formats import decode_e4m3, fp4_bytes
-from nvfp4lib.problem import (
-    B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, Shape, bytes_moved, generate_input)
+from nvfp4lib.problem import (B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved,
+                              generate_input)
 from nvfp4lib.reference import reference_gemv
-from nvfp4lib.validate import NVFP4InputError
 from tests.bitdefs import e2m1_value, e4m3_value
 
 SMALL = [(128, 64, 1), (256, 128, 2), (200, 96, 3), (384, 256, 1)]
@@ -191,9 +191,11 @@ def test_generate_input_errors():
 
 
 def test_shape_tables():
-    for s in TEST_SHAPES + BENCHMARK_SHAPES:
+    for s in TEST_SHAPES + EXTRA_SHAPES + BENCHMARK_SHAPES:
         assert isinstance(s, Shape) and s.m % 128 == 0 and s.k % 64 == 0
     assert len(TEST_SHAPES) == 9 and set(B200_SPEED_OF_LIGHT_US) == set(BENCHMARK_SHAPES)
+    assert EXTRA_SHAPES == [(128, 64, 1), (128, 192, 3), (1024, 4096, 8), (16384, 1024, 8), (16384, 2048, 8)]
+    assert not set(EXTRA_SHAPES) & set(TEST_SHAPES + BENCHMARK_SHAPES), "beyond the leaderboard's shapes"
 
 
 def test_bytes_moved_matches_the_problem_statement():

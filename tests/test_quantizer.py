@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nvfp4lib import formats, quant_study
-from nvfp4lib.validate import NVFP4InputError
+from nvfp4lib.contract import NVFP4InputError
 from tests.bitdefs import E2M1_MAGNITUDES, E4M3_MAGNITUDES, nearest_index, round_to_float32
 
 E2M1_MIDPOINTS = [(lo + hi) / 2 for lo, hi in zip(E2M1_MAGNITUDES, E2M1_MAGNITUDES[1:])]

@@ -1,4 +1,5 @@
-"""The torch._scaled_mm GEMV variants against the independent exact reference.
+"""The torch._scaled_mm GEMV variants (the registry's scaled_mm_* paths) against the independent
+exact reference.
 
 On machines without FP4 GEMM (CPU, Hopper) the variants run the emulation, which decodes the
 BLOCKED scale buffers exactly as cuBLAS reads them, so these tests check the layout code too.
@@ -11,20 +12,38 @@ import pytest
 import torch
 
 from nvfp4lib import scaled_mm
+from nvfp4lib.contract import NVFP4InputError, Shape
+from nvfp4lib.device import capabilities
 from nvfp4lib.formats import as_fp4x2, dequantize_nvfp4, fp4_bytes, quantize_nvfp4
 from nvfp4lib.layouts import permuted_as_blocked, to_blocked
-from nvfp4lib.problem import MODES, TEST_SHAPES, Shape, generate_input
+from nvfp4lib.paths import PATHS
+from nvfp4lib.problem import MODES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_, reference_gemv
-from nvfp4lib.validate import NVFP4InputError
 
 RTOL = ATOL = 1e-3
-VARIANTS = list(scaled_mm.VARIANTS)
+VARIANTS = ["scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed", "scaled_mm_functional"]
 EXTRA_SHAPES = [Shape(256, 512, 3)]  # L = 3: more batches than a 2-stream pool
 
 
-def _skip_if_unavailable(variant: str) -> None:
-    if variant == "functional" and scaled_mm.functional_unavailable_reason():
-        pytest.skip(scaled_mm.functional_unavailable_reason())
+def _skip_if_unavailable(variant: str, on_cuda: bool = False) -> None:
+    why_not = PATHS[variant].unavailable(capabilities(), on_cuda)
+    if why_not:
+        pytest.skip(why_not)
+
+
+@functools.lru_cache(maxsize=None)
+def _built(variant: str):
+    """The registry path's callable, built once."""
+    return PATHS[variant].build()
+
+
+def test_the_variants_are_the_registrys_scaled_mm_paths():
+    assert set(VARIANTS) <= {name for name in PATHS if name.startswith("scaled_mm_")}
+    assert PATHS["scaled_mm_permuted"].build() is scaled_mm.gemv_scaled_mm_permuted
+    assert PATHS["scaled_mm_reference"].build() is scaled_mm.gemv_scaled_mm_reference
+    assert PATHS["scaled_mm_functional"].build() is scaled_mm.gemv_scaled_mm_functional
+    transposed = PATHS["scaled_mm_transposed"].build()
+    assert transposed.func is scaled_mm.gemv_scaled_mm_transposed and transposed.keywords == {"streams": 2}
 
 
 def _seed(shape: Shape, mode: str) -> int:
@@ -50,8 +69,8 @@ def _assert_matches(out: torch.Tensor, expected: torch.Tensor) -> None:
 def test_variant_matches_reference(variant, shape, mode):
     _skip_if_unavailable(variant)
     data, expected = _case(shape, mode)
-    c = poison_(data[6])
-    out = scaled_mm.VARIANTS[variant](data)
+    c = poison_(data.c)
+    out = _built(variant)(data)
     assert out is c, "the result must be written into the given c"
     _assert_matches(out, expected)
     assert scaled_mm.last_path == scaled_mm.describe_path("cpu")
@@ -62,8 +81,8 @@ def test_reference_check_agrees(variant):
     """One end-to-end pass through reference.check, the checker every kernel uses."""
     _skip_if_unavailable(variant)
     data = generate_input(512, 1536, 2, seed=7)
-    poison_(data[6])
-    result = check(scaled_mm.VARIANTS[variant](data), data, rtol=RTOL, atol=ATOL)
+    poison_(data.c)
+    result = check(_built(variant)(data), data, rtol=RTOL, atol=ATOL)
     assert result.ok, result.message
 
 
@@ -74,10 +93,11 @@ def test_cpu_path_is_reported_as_emulated():
     assert scaled_mm.describe_path("cpu").startswith("emulated (")
 
 
-@pytest.mark.parametrize("options", [dict(streams=2), dict(side_stream=True), dict(streams=1, side_stream=True)])
+@pytest.mark.parametrize("options", [dict(), dict(streams=2), dict(side_stream=True),
+                                     dict(streams=1, side_stream=True)])
 def test_transposed_options_are_correct(options):
     data, expected = _case(EXTRA_SHAPES[0], "full")
-    poison_(data[6])
+    poison_(data.c)
     _assert_matches(scaled_mm.gemv_scaled_mm_transposed(data, **options), expected)
 
 
@@ -91,7 +111,7 @@ def test_in_place_scale_change_is_seen(which):
     # Double the scales of one row of batch 1 (exact in E4M3: the largest drawn scale is 240).
     sf = sfa if which == "sfa" else sfb
     sf[0, :, 1] = (sf[0, :, 1].float() * 2).to(torch.float8_e4m3fn)
-    poison_(data[6])
+    poison_(data.c)
     after = scaled_mm.gemv_scaled_mm_transposed(data)
     _assert_matches(after, reference_gemv(data))
     if which == "sfa":  # only row 0 of batch 1 changes, and it doubles
@@ -108,9 +128,9 @@ def test_changed_a_is_seen():
     """An in-place change of a byte of A shows up in the next result, and only in its row."""
     data = generate_input(256, 512, 1, seed=6)
     before = scaled_mm.gemv_scaled_mm_transposed(data).clone()
-    a_bytes = fp4_bytes(data[0])
+    a_bytes = fp4_bytes(data.a)
     a_bytes[7, 0, 0] = a_bytes[7, 0, 0] ^ 0x88  # flip the sign of both codes in one byte
-    poison_(data[6])
+    poison_(data.c)
     after = scaled_mm.gemv_scaled_mm_transposed(data)
     _assert_matches(after, reference_gemv(data))
     assert torch.equal(after[8:], before[8:]) and torch.equal(after[:7], before[:7])
@@ -165,22 +185,17 @@ def test_emulation_checks_like_scaled_mm():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_bad_inputs_are_named(variant):
     _skip_if_unavailable(variant)
-    fn = scaled_mm.VARIANTS[variant]
-    data = list(generate_input(128, 256, 1))
+    fn = _built(variant)
+    data = generate_input(128, 256, 1)
     with pytest.raises(NVFP4InputError, match="data: expected a 7-tuple"):
-        fn(tuple(data[:6]))
-    bad = data.copy()
-    bad[0] = fp4_bytes(data[0])
+        fn(tuple(data)[:6])
     with pytest.raises(NVFP4InputError, match="a: expected dtype torch.float4_e2m1fn_x2"):
-        fn(tuple(bad))
-    bad = data.copy()
-    bad[6] = torch.zeros(128, 1, 2, dtype=torch.float16)
+        fn(tuple(data._replace(a=fp4_bytes(data.a))))
     with pytest.raises(NVFP4InputError, match="c: expected shape"):
-        fn(tuple(bad))
-    bad = list(generate_input(128, 256, 2))
-    bad[0] = as_fp4x2(fp4_bytes(bad[0]).contiguous())  # right shape, wrong storage order
-    with pytest.raises(NVFP4InputError, match="a: expected strides"):
-        fn(tuple(bad))
+        fn(tuple(data._replace(c=torch.zeros(128, 1, 2, dtype=torch.float16))))
+    two = generate_input(128, 256, 2)
+    with pytest.raises(NVFP4InputError, match="a: expected strides"):  # right shape, wrong storage order
+        fn(tuple(two._replace(a=as_fp4x2(fp4_bytes(two.a).contiguous()))))
 
 
 @pytest.mark.parametrize("streams", [-1, 1.5, "2", True])
@@ -207,15 +222,16 @@ def test_cuda_emulation_matches_cpu(shape):
                           for device in ("cpu", "cuda"))
     expected = reference_gemv(data_cpu)
     for l in range(shape.l):
-        args = lambda d: (d[0][:, :, l], d[1][:, :, l].T, permuted_as_blocked(d[4], l),
-                          permuted_as_blocked(d[5], l))
+        args = lambda d: (d.a[:, :, l], d.b[:, :, l].T, permuted_as_blocked(d.sfa_permuted, l),
+                          permuted_as_blocked(d.sfb_permuted, l))
         on_gpu = scaled_mm.emulated_scaled_mm_fp4(*args(data_gpu))
         on_cpu = scaled_mm.emulated_scaled_mm_fp4(*args(data_cpu))
         torch.testing.assert_close(on_gpu.cpu().float(), on_cpu.float(), rtol=RTOL, atol=ATOL)
     for variant in VARIANTS:
-        _skip_if_unavailable(variant)
-        poison_(data_gpu[6])
-        _assert_matches(scaled_mm.VARIANTS[variant](data_gpu), expected)
+        if PATHS[variant].unavailable(capabilities(), True):
+            continue
+        poison_(data_gpu.c)
+        _assert_matches(_built(variant)(data_gpu), expected)
         assert scaled_mm.last_path == scaled_mm.describe_path("cuda")
 
 
@@ -225,7 +241,7 @@ def test_cuda_streams_join_the_callers_stream():
     data = generate_input(*shape, seed=11, device="cuda", negative_scales=False)
     expected = reference_gemv(data)
     for options in (dict(streams=2), dict(streams=4, side_stream=True)):
-        poison_(data[6])
+        poison_(data.c)
         out = scaled_mm.gemv_scaled_mm_transposed(data, **options)
         snapshot = out.clone()  # queued on the caller's stream: must see every batch written
         torch.cuda.synchronize()
@@ -242,9 +258,9 @@ def test_cuda_streams_order_with_a_non_default_caller_stream():
     caller.wait_stream(torch.cuda.current_stream())  # the data were made there
     with torch.cuda.stream(caller):
         torch.cuda._sleep(20_000_000)
-        poison_(data[6])
+        poison_(data.c)
         scaled_mm.gemv_scaled_mm_transposed(data, streams=2, side_stream=True)
-        snapshot = data[6].clone()
+        snapshot = data.c.clone()
     caller.synchronize()
     _assert_matches(snapshot, expected)
 
@@ -262,7 +278,8 @@ def test_hardware_matches_emulation(shape):
             torch.testing.assert_close(hw.float(), emu.float(), rtol=RTOL, atol=ATOL)
     expected = reference_gemv(data)
     for variant in VARIANTS:
-        _skip_if_unavailable(variant)
-        poison_(data[6])
-        _assert_matches(scaled_mm.VARIANTS[variant](data), expected)
+        if PATHS[variant].unavailable(capabilities(), True):
+            continue
+        poison_(data.c)
+        _assert_matches(_built(variant)(data), expected)
         assert scaled_mm.last_path == scaled_mm.HARDWARE_PATH

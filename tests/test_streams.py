@@ -7,12 +7,12 @@ to the single launch (every batch is computed the same way, only the stream diff
 import pytest
 import torch
 
-from nvfp4lib import scaled_mm
+from nvfp4lib import scaled_mm, streams
+from nvfp4lib.contract import Shape, validate_gemv_input
 from nvfp4lib.device import capabilities
-from nvfp4lib.problem import Shape, generate_input
+from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.streams import StreamPool, batch_views, run_batches
-from nvfp4lib.validate import validate_gemv_input
+from nvfp4lib.streams import StreamPool, batch_views, run_batches, shared_pool
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 3), Shape(128, 64, 8)]
 POOL_SIZES = [1, 2, 3, 8]
@@ -22,14 +22,14 @@ _seeds = iter(range(1000, 10**6))
 def _fresh(shape: Shape, device: str = "cpu"):
     """New full-range data for every test (a fresh seed each time), c poisoned with NaN."""
     data = generate_input(*shape, seed=next(_seeds), mode="full", device=device)
-    poison_(data[6])
+    poison_(data.c)
     return data
 
 
 def _sequential(per_batch_fn, data):
-    for l in range(data[0].shape[2]):
+    for l in range(data.a.shape[2]):
         per_batch_fn(tuple(t[..., l:l + 1] for t in data))
-    return data[6]
+    return data.c
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -49,9 +49,9 @@ def test_batch_views_are_valid_inputs_sharing_storage(shape):
 def test_cpu_pool_equals_sequential_and_reference(shape, n):
     data = _fresh(shape)
     expected = _sequential(scaled_mm.gemv_scaled_mm_permuted, data).clone()
-    poison_(data[6])
+    poison_(data.c)
     out = run_batches(scaled_mm.gemv_scaled_mm_permuted, data, StreamPool(n, "cpu"))
-    assert out is data[6]
+    assert out is data.c
     assert torch.equal(out, expected), "the pool must compute exactly what the sequential loop does"
     result = check(out, data)
     assert result.ok, result.message
@@ -61,7 +61,7 @@ def test_every_batch_is_handed_over_once_in_order():
     data = _fresh(Shape(128, 64, 5))
     seen = []
     run_batches(lambda part: seen.append(part[0].data_ptr()), data, StreamPool(2, "cpu"))
-    a = data[0]
+    a = data.a
     assert seen == [a.data_ptr() + l * a.stride(2) for l in range(5)]
 
 
@@ -71,11 +71,10 @@ def test_split_is_cached_per_set_of_tensors():
     views = pool.split(data)
     assert pool.split(data) is views
     assert pool.split(list(data)) is views  # the same tensors in another container
-    replaced = list(data)
-    replaced[6] = data[6].clone()  # another c: new views, of the new c
+    replaced = list(data._replace(c=data.c.clone()))  # another c: new views, of the new c
     assert pool.split(replaced) is not views
-    new_c = replaced[6]
-    assert [part[6].data_ptr() for part in pool.split(replaced)] == [
+    *_, new_c = replaced
+    assert [c.data_ptr() for *_, c in pool.split(replaced)] == [
         new_c.data_ptr() + l * new_c.stride(2) * new_c.element_size() for l in range(3)]
 
 
@@ -84,13 +83,26 @@ def test_pool_writes_the_c_now_in_a_reused_list():
     pool = StreamPool(2, "cpu")
     data = list(_fresh(Shape(128, 256, 3)))
     run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pool)
-    old_c = data[6].clone()
+    old_c = data[-1].clone()
     data[:] = _fresh(Shape(128, 256, 3))
     out = run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pool)
-    assert out is data[6]
+    assert out is data[-1], "the c the list holds now"
     result = check(out, data)
     assert result.ok, result.message
     assert not torch.equal(out, old_c)
+
+
+def test_shared_pool_is_one_pool_per_device_and_size():
+    """Streams and events are made once per (device, n) and shared by every caller of the process."""
+    pool = shared_pool("cpu", 2)
+    assert isinstance(pool, StreamPool)
+    assert shared_pool(torch.device("cpu"), 2) is pool
+    assert shared_pool("cpu", 3) is not pool
+    data = _fresh(Shape(128, 256, 3))
+    out = run_batches(scaled_mm.gemv_scaled_mm_permuted, data, pool)
+    assert out is data.c
+    result = check(out, data)
+    assert result.ok, result.message
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
@@ -106,20 +118,19 @@ def _cute_per_batch():
     if not capabilities().cute_dsl:
         pytest.skip("needs the CuTe DSL")
     from nvfp4lib.cute_gemv import CuteGemv
-    from nvfp4lib.streams import CutePerBatch
 
-    return CuteGemv(), CutePerBatch()
+    return CuteGemv(), CuteGemv(cache_entries=64)  # per batch: one cache entry per batch view
 
 
 def _gpu_pair(kind: str):
     """(single launch over all batches, per-batch function) of one GEMV."""
-    if kind == "cute":
+    if kind == "cute_fast":
         return _cute_per_batch()
     return scaled_mm.gemv_scaled_mm_permuted, scaled_mm.gemv_scaled_mm_permuted
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["cute", "scaled_mm"])
+@pytest.mark.parametrize("kind", ["cute_fast", "scaled_mm_permuted"])
 @pytest.mark.parametrize("n", POOL_SIZES)
 @pytest.mark.parametrize("shape", SHAPES + [Shape(1024, 2048, 8)], ids=lambda s: "x".join(map(str, s)))
 def test_gpu_pool_is_bit_identical_to_single_launch(kind, shape, n):
@@ -127,17 +138,17 @@ def test_gpu_pool_is_bit_identical_to_single_launch(kind, shape, n):
     data = _fresh(shape, "cuda")
     expected = single(data).clone()  # also the warm-up on the caller's stream
     assert check(expected, data).ok
-    poison_(data[6])
+    poison_(data.c)
     pool = StreamPool(n)
     for _ in range(3):  # the second and later calls reuse the cached views and runners
-        poison_(data[6])
+        poison_(data.c)
         out = run_batches(per_batch, data, pool)
-        assert out is data[6]
+        assert out is data.c
         assert torch.equal(out, expected), f"pool of {n} differs from the single launch"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", ["cute", "scaled_mm"])
+@pytest.mark.parametrize("kind", ["cute_fast", "scaled_mm_permuted"])
 def test_gpu_pool_orders_with_a_non_default_caller_stream(kind):
     """Work before the call (poisoning c behind a long sleep) must come first, and work after the
     call must see c written even when the pool's kernels are slow (each batch sleeps first)."""
@@ -154,12 +165,12 @@ def test_gpu_pool_orders_with_a_non_default_caller_stream(kind):
     caller.wait_stream(torch.cuda.current_stream())  # the data and `expected` were made there
     with torch.cuda.stream(caller):
         torch.cuda._sleep(20_000_000)  # if the pool did not wait for this, its result would be poisoned
-        poison_(data[6])
+        poison_(data.c)
         run_batches(slow, data, pool)
-        seen = data[6].clone()  # queued on the caller's stream right after the call
+        seen = data.c.clone()  # queued on the caller's stream right after the call
     caller.synchronize()
     assert torch.equal(seen, expected)
-    assert torch.equal(data[6], expected)
+    assert torch.equal(data.c, expected)
 
 
 @pytest.mark.gpu
@@ -203,6 +214,7 @@ class _FakeTensor:
 @pytest.fixture
 def recorded_pool(monkeypatch):
     """A pool of two stand-in streams on 'cuda:0', and the log of everything done to them."""
+    monkeypatch.setattr(streams, "validate_gemv_input", lambda data, **kwargs: None)  # the tensors are stand-ins
     log = []
     current = [_FakeStream("caller", log)]
 

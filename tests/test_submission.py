@@ -18,18 +18,19 @@ import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib import cute_gemv, device, dispatch, scaled_mm, submission
-from nvfp4lib.evaluate import evaluate, import_isolated, load_submission
+from nvfp4lib import cute_gemv, device, dispatch, paths, scaled_mm, submission
+from nvfp4lib.contract import NVFP4InputError, validate_gemv_input
+from nvfp4lib.evaluate import evaluate, import_isolated
 from nvfp4lib.formats import unpack_fp4
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.submission import (DIRECTIVE, PATHS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_source,
+from nvfp4lib.submission import (EXPORTS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_path, export_source,
                                  inline_objects, main, write_submission)
-from nvfp4lib.validate import NVFP4InputError, validate_gemv_input
+from nvfp4lib.submission_file import DIRECTIVE, load_submission
 
-CHECKED_PATHS = [name for name, spec in PATHS.items() if spec.candidates]  # self-checked, with a fallback
-CUDA_PATHS = [name for name, spec in PATHS.items() if spec.needs_cuda]
+CHECKED_PATHS = [name for name in EXPORTS if export_path(name).candidates]  # self-checked, with a fallback
+CUDA_PATHS = [name for name in EXPORTS if export_path(name).needs_cuda]
 # Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the cute_fast
 # file the kernels it cross-compiles (tracing a kernel runs every helper it calls, so a helper
 # missing from the file fails there). The probe file reports whether nvfp4lib can be imported.
@@ -49,7 +50,7 @@ except ModuleNotFoundError as err:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("submissions")
-    return {name: write_submission(name, folder / f"{name}.py") for name in PATHS}
+    return {name: write_submission(name, folder / f"{name}.py") for name in EXPORTS}
 
 
 @pytest.fixture(scope="module")
@@ -73,8 +74,8 @@ def isolated(exported, tmp_path_factory):
 def test_list_names_every_path(capsys):
     assert main(["--list"]) == 0
     out = capsys.readouterr().out
-    for name, spec in PATHS.items():
-        assert f"{name}  " in out and spec.summary[:40] in out
+    for name in EXPORTS:
+        assert f"{name}  " in out and export_path(name).summary[:40] in out
 
 
 def test_cli_writes_the_file(tmp_path, capsys):
@@ -85,8 +86,10 @@ def test_cli_writes_the_file(tmp_path, capsys):
 
 
 def test_unknown_path_is_a_clear_error(capsys):
-    with pytest.raises(ExportError, match="unknown path 'cute_fastest'; choose one of: scaled_mm_reference"):
+    with pytest.raises(ExportError, match=rf"^unknown path 'cute_fastest'; choose one of: {', '.join(EXPORTS)}$"):
         export_source("cute_fastest")
+    with pytest.raises(ExportError, match="unknown path 'cute'"):  # a name of the old scheme
+        export_source("cute")
     assert main(["--path", "cute_fastest"]) == 2
     assert "unknown path 'cute_fastest'" in capsys.readouterr().err
 
@@ -133,7 +136,7 @@ def test_bad_out_is_a_clear_error(tmp_path, capsys):
 # What a file contains
 
 
-@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("name", EXPORTS)
 def test_file_is_a_self_contained_leaderboard_entry(exported, name):
     source = exported[name].read_text()
     lines = source.splitlines()
@@ -159,12 +162,22 @@ def test_inlined_code_is_the_package_source(exported):
     assert "# nvfp4lib/scaled_mm.py" in source and "# nvfp4lib/layouts.py" in source
 
 
-def test_function_local_package_imports_are_inlined(exported):
-    """validate_gemv_input imports from layouts and problem inside its body: those lines go, the names come."""
-    source = exported["scaled_mm_reference"].read_text()
-    body = source[source.index("def validate_gemv_input"):]
-    body = body[:body.index("\n\n\n")]
+def test_function_local_package_imports_are_inlined(exported, probe_modules):
+    """An import of the package inside a function body: that line goes, the names it imports come."""
+    module = probe_modules("local_import", '''
+        def entry(data):
+            from nvfp4lib.contract import validate_gemv_input
+            return validate_gemv_input(data)
+    ''')
+    imports, code = inline_objects([module.entry])
+    body = code[code.index("def entry"):]
     assert "import" not in body
+    assert "def validate_gemv_input" in code and "class Shape(NamedTuple)" in code and "def permuted_strides" in code
+    namespace = {}
+    exec(compile(imports + "\n" + code, "<probe>", "exec"), namespace)
+    assert namespace["entry"](generate_input(128, 64, 2)) == (128, 64, 2)
+    # in an exported file: what validate_gemv_input uses comes along
+    source = exported["scaled_mm_reference"].read_text()
     assert "class Shape(NamedTuple)" in source and "def permuted_strides" in source
 
 
@@ -181,20 +194,21 @@ def test_file_holds_only_what_its_path_needs(exported):
 
 @pytest.mark.parametrize("name", CHECKED_PATHS)
 def test_checked_files_try_their_kernel_then_the_fallback_order(exported, name):
-    """One fallback order, dispatch.FALLBACK_ORDER, written into every self-checked file."""
+    """One fallback order, paths.FALLBACK_ORDER, written into every self-checked file."""
     tree = ast.parse(exported[name].read_text())
     setup = next(s for s in tree.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "KERNEL")
     candidates = ast.literal_eval(setup.value.args[0])
-    first = {"cute_naive": "cute_naive", "cute_fast": "cute", "hybrid": "cute"}[name]
-    assert candidates == [first, *dispatch.FALLBACK_ORDER[1:]]
-    assert dispatch.FALLBACK_ORDER[0] == "cute"
+    first = {"cute_naive": "cute_naive", "cute_fast": "cute_fast", "hybrid": "cute_fast"}[name]
+    assert candidates == [first, *paths.FALLBACK_ORDER[1:]] == list(export_path(name).candidates)
+    assert paths.FALLBACK_ORDER == ("cute_fast", "scaled_mm_permuted")
+    assert all(candidate in paths.PATHS for candidate in candidates)
 
 
 def test_functions_keep_their_names_and_docstrings(exported):
     module = load_submission(exported["hybrid"])
     for name in ("gemv_scaled_mm_permuted", "capabilities", "validate_gemv_input"):
         original = getattr(scaled_mm, name, None) or getattr(device, name, None) or \
-            getattr(sys.modules["nvfp4lib.validate"], name)
+            getattr(sys.modules["nvfp4lib.contract"], name)
         assert getattr(module, name).__doc__ == original.__doc__
 
 
@@ -290,7 +304,7 @@ def test_isolated_interpreter_really_lacks_nvfp4lib(isolated):
     assert ok and message.startswith("No module named 'nvfp4lib'") and compiled is None
 
 
-@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("name", EXPORTS)
 def test_file_imports_where_nvfp4lib_does_not_exist(isolated, name):
     ok, value = isolated[name]
     assert ok, value
@@ -305,7 +319,7 @@ def test_cute_file_compiles_its_kernels_without_nvfp4lib(isolated):
     assert value[1] and len(value[1]) == len(CROSS_COMPILE)
 
 
-@pytest.mark.parametrize("name", PATHS)
+@pytest.mark.parametrize("name", EXPORTS)
 def test_path_passes_the_local_leaderboard_test_mode(exported, name):
     report = evaluate(exported[name], "test")
     assert report.ok, report.summary()
@@ -318,18 +332,17 @@ def test_path_passes_the_local_leaderboard_test_mode(exported, name):
 def test_cute_file_without_cuda_says_why_and_runs_its_fallback(exported, name, capsys):
     module = load_submission(exported[name])
     err = capsys.readouterr().err.splitlines()
-    first = "cute_naive" if name == "cute_naive" else "cute"
-    assert err == [f"self-check: {first} failed (RuntimeError: the CuTe kernel needs the inputs on a CUDA GPU); "
-                   "using scaled_mm instead", "self-check ok: scaled_mm on cpu"]
+    assert err == [f"self-check: {name} failed (RuntimeError: the CuTe kernel needs the inputs on a CUDA GPU); "
+                   "using scaled_mm_permuted instead", "self-check ok: scaled_mm_permuted on cpu"]
     assert module.BACKEND.startswith("torch._scaled_mm on the permuted scales: emulated")
     data = generate_input(128, 256, 1, seed=11)
-    poison_(data[6])
+    poison_(data.c)
     assert check(module.custom_kernel(data), data).ok
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.cute] if n.startswith("cute") else [])
-                                  for n in PATHS])
+                                  for n in EXPORTS])
 def test_path_passes_the_local_leaderboard_on_gpu(exported, name):
     report = evaluate(exported[name], "both", warmup=2, reps=5)
     assert report.ok, report.summary()
@@ -370,14 +383,14 @@ def test_self_check_input_covers_every_code_and_signed_scales():
 
 def _ignores_sign(data):
     """A plausible bug: the emulation on |A| (sign bits of the codes cleared)."""
-    a = data[0].view(torch.uint8) & 0x77
-    return scaled_mm.gemv_scaled_mm_permuted((a.view(torch.float4_e2m1fn_x2), *data[1:]))
+    a, *rest = data
+    return scaled_mm.gemv_scaled_mm_permuted(((a.view(torch.uint8) & 0x77).view(torch.float4_e2m1fn_x2), *rest))
 
 
 def test_self_check_catches_a_wrong_kernel_and_passes_a_right_one():
     assert submission.self_check(scaled_mm.gemv_scaled_mm_permuted, "cpu") is None
     assert submission.self_check(_ignores_sign, "cpu").startswith("wrong result at (m, k, l) = (128, 256, 2)")
-    assert submission.self_check(lambda data: data[6], "cpu").startswith("wrong result")  # c left as poisoned
+    assert submission.self_check(lambda data: data.c, "cpu").startswith("wrong result")  # c left as poisoned
 
 
 @pytest.fixture
@@ -419,7 +432,7 @@ def test_a_failing_first_call_falls_back_and_later_calls_go_straight_to_the_kern
     calls = []
 
     def breaks_on_its_first_real_call(data):
-        calls.append(data[0].shape)
+        calls.append(data.a.shape)
         if len(calls) > len(submission.SELF_CHECK_SHAPES):  # the self-check passes, the real call does not
             raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
         return scaled_mm.gemv_scaled_mm_permuted(data)
@@ -429,7 +442,7 @@ def test_a_failing_first_call_falls_back_and_later_calls_go_straight_to_the_kern
     namespace["KERNEL"] = SelfCheckedKernel(["flaky", "steady"], namespace, device="cpu")
     assert capsys.readouterr().err.splitlines() == ["self-check ok: flaky on cpu"]
     data = generate_input(256, 512, 2, seed=5)
-    poison_(data[6])
+    poison_(data.c)
     assert check(namespace["KERNEL"](data), data).ok
     assert capsys.readouterr().err.splitlines() == [
         "first call: flaky failed (RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU); using steady instead",
@@ -472,32 +485,36 @@ def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch
     monkeypatch.setattr(cute_gemv, "compile_gemv", fails)
     cute_gemv._compiled.cache_clear()
     try:
-        kernel = SelfCheckedKernel(submission.PATHS["hybrid"].candidates, {}, device="cpu")
+        kernel = SelfCheckedKernel(export_path("hybrid").candidates, {}, device="cpu")
     finally:
         cute_gemv._compiled.cache_clear()
     err = capsys.readouterr().err.splitlines()
-    assert err[-2] == ("self-check: cute failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
-                       "using scaled_mm instead")
-    assert err[-1] == "self-check ok: scaled_mm on cpu" and kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
+    assert err[-2] == ("self-check: cute_fast failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
+                       "using scaled_mm_permuted instead")
+    assert err[-1] == "self-check ok: scaled_mm_permuted on cpu" and kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
 
 
 def test_fail_path_is_checked_and_written_into_the_file(tmp_path):
-    with pytest.raises(ExportError, match=r"--fail-path 'nope': not a path of 'hybrid' \(its paths: cute, scaled_mm\)"):
+    with pytest.raises(ExportError, match=r"--fail-path 'nope': not a path of 'hybrid' "
+                                          r"\(its paths: cute_fast, scaled_mm_permuted\)"):
         export_source("hybrid", fail=("nope",))
+    with pytest.raises(ExportError, match=r"--fail-path 'scaled_mm': not a path of 'hybrid'"):  # an old name
+        export_source("hybrid", fail=("scaled_mm",))
     with pytest.raises(ExportError, match="'scaled_mm_permuted' has no fallback"):
-        export_source("scaled_mm_permuted", fail=("cute",))
-    text = export_source("hybrid", fail=("scaled_mm",))
-    assert "KERNEL = SelfCheckedKernel(['cute', 'scaled_mm'], globals(), fail=('scaled_mm',))" in text
-    assert "`python -m nvfp4lib.submission --path hybrid --fail-path scaled_mm`" in text
+        export_source("scaled_mm_permuted", fail=("cute_fast",))
+    text = export_source("hybrid", fail=("scaled_mm_permuted",))
+    assert ("KERNEL = SelfCheckedKernel(['cute_fast', 'scaled_mm_permuted'], globals(), "
+            "fail=('scaled_mm_permuted',))") in text
+    assert "`python -m nvfp4lib.submission --path hybrid --fail-path scaled_mm_permuted`" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the CuTe kernel would pass")
 def test_file_whose_every_path_fails_imports_and_raises_when_called(tmp_path, capsys):
-    path = write_submission("hybrid", tmp_path / "broken.py", fail=("scaled_mm",))
+    path = write_submission("hybrid", tmp_path / "broken.py", fail=("scaled_mm_permuted",))
     module = load_submission(path)
     assert module.BACKEND == "no path passed its self-check"
-    assert "self-check: scaled_mm failed (RuntimeError: made to fail on purpose (exported with --fail-path))" \
-        in capsys.readouterr().err
+    assert ("self-check: scaled_mm_permuted failed (RuntimeError: made to fail on purpose (exported with "
+            "--fail-path))") in capsys.readouterr().err
     with pytest.raises(RuntimeError, match="no GEMV path passed its self-check"):
         module.custom_kernel(generate_input(128, 256, 1))
 
@@ -522,12 +539,12 @@ def test_dispatcher_and_exported_files_follow_one_order(machine, monkeypatch):
     monkeypatch.setattr(submission, "capabilities", lambda: caps)
     decision = dispatch.choose((4096, 7168, 8), caps=caps)
     runnable = []
-    for name in PATHS["hybrid"].candidates:
+    for name in export_path("hybrid").candidates:
         try:
             submission.build_path(name)  # compiles nothing here: this machine has no GPU to compile for
         except RuntimeError:
             continue
         runnable.append(name)
     assert decision.path == runnable[0]
-    if decision.path == "scaled_mm":
-        assert submission.build_path("scaled_mm")[1] is dispatch.PATHS["scaled_mm"].make()
+    if decision.path == "scaled_mm_permuted":
+        assert submission.build_path("scaled_mm_permuted")[1] is paths.PATHS["scaled_mm_permuted"].build()

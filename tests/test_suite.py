@@ -11,10 +11,12 @@ import torch
 from matplotlib.colors import to_hex
 
 from nvfp4lib import bench_report, suite
+from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.problem import BENCHMARK_SHAPES, Shape, bytes_moved, generate_input
+from nvfp4lib.paths import PATHS
+from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
-FAST_PATHS = ["peer-eager", "peer-bf16"]  # every path runs in the slow test
+FAST_PATHS = ["peer_eager", "peer_bf16"]  # every path runs in the slow test
 
 
 def _caps(**changes):
@@ -51,19 +53,20 @@ def test_device_slug():
 def test_paths_follow_the_capabilities():
     paths, skipped = suite.discover_paths(_caps(cuda=False, fp4_gemm=False))
     names = [p.name for p in paths]
-    assert {"peer-eager", "peer-compiled", "peer-bf16"} <= set(names)
-    assert not any(n.startswith(("cute-", "scaled_mm-")) for n in names)
+    assert {"peer_eager", "peer_compiled", "peer_bf16", "dispatch"} <= set(names)
+    assert not any(n.startswith(("cute_", "scaled_mm_")) for n in names)
+    assert "reference" not in names and "reference" not in dict(skipped), "the yardstick is not timed"
     reasons = dict(skipped)
-    assert "CUDA" in reasons["cute-fast"] and "sm_100" in reasons["scaled_mm-permuted"]
+    assert "CUDA" in reasons["cute_fast"] and "sm_100" in reasons["scaled_mm_permuted"]
 
     paths, _ = suite.discover_paths(_caps(fp4_gemm=True))
-    assert {"scaled_mm-reference", "scaled_mm-permuted", "scaled_mm-transposed"} <= {p.name for p in paths}
+    assert {"scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed"} <= {p.name for p in paths}
 
 
 def test_select_takes_globs():
-    names = ["cute-fast", "cute-naive", "peer-eager", "peer-bf16"]
+    names = ["cute_fast", "cute_naive", "peer_eager", "peer_bf16"]
     assert suite.select(names, None) == set(names)
-    assert suite.select(names, ["cute-*", "peer-bf16"]) == {"cute-fast", "cute-naive", "peer-bf16"}
+    assert suite.select(names, ["cute_*", "peer_bf16"]) == {"cute_fast", "cute_naive", "peer_bf16"}
     assert suite.select(names, ["nothing"]) == set()
 
 
@@ -146,6 +149,10 @@ def _check_csv(path, expect_paths):
     for r in rows:
         assert r["env_torch"] == torch.__version__ and r["env_python"] and r["env_nvfp4lib"]
         assert r["device_slug"] == "cpu" and r["timing"] == "wall"
+    for r in rows:
+        if r["kind"] != "ceiling" and r["status"] == "skipped":  # named as the registry names it
+            assert (r["kind"], r["label"]) == (PATHS[r["path"]].kind, PATHS[r["path"]].label), r
+            assert r["note"] == PATHS[r["path"]].why_not_timed(capabilities(), capabilities().cuda)
     timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] != "skipped"]
     assert {r["path"] for r in timed} == set(expect_paths)
     assert len(timed) == len(expect_paths) * len(plan.tasks())
@@ -163,7 +170,7 @@ def test_quick_cpu_run_end_to_end(tmp_path, capsys):
                          progress=False)
     assert csv_path == tmp_path / "cpu.csv"
     _check_csv(csv_path, FAST_PATHS)
-    for name in bench_report.FIGURE_NAMES:
+    for name in ("00_roofline", "00_benchmark_bars"):
         assert (tmp_path / "figs" / f"{name}.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert bench_report.CPU_NOTE in out and "geomean" in out and "x eager" in out and "x bf16" in out
@@ -171,11 +178,13 @@ def test_quick_cpu_run_end_to_end(tmp_path, capsys):
 
 def test_command_line(tmp_path, capsys):
     assert suite.main(["--list"]) == 0
-    assert "peer-bf16" in capsys.readouterr().out
+    assert "peer_bf16" in capsys.readouterr().out
     assert suite.main(["--only", "no-such-path", "--out", str(tmp_path)]) == 2
-    assert suite.main(["--quick", "--out", str(tmp_path), "--only", "peer-bf16", "--no-figures",
+    not_here = [name for name, _ in suite.discover_paths()[1]][:1]  # a skipped row too, where there is one
+    assert suite.main(["--quick", "--out", str(tmp_path), "--only", "peer_bf16", *not_here, "--no-figures",
                        "--no-progress"]) == 0
-    _check_csv(tmp_path / "cpu.csv", ["peer-bf16"])
+    rows = _check_csv(tmp_path / "cpu.csv", ["peer_bf16"])
+    assert [r["path"] for r in rows if r["status"] == "skipped" and r["kind"] != "ceiling"] == not_here
     assert not (tmp_path / "figures").exists()
 
 
@@ -198,10 +207,10 @@ def _synthetic_rows(reads: bool = False):
     with `reads`, streaming reads of every shape's bytes as nvfp4lib.ceilings writes them."""
     rows = [dict(path="copy", kind="ceiling", label="copy", shape_set="ceiling", status="ok", kernel_gbps=4000.0),
             dict(path="reduction", kind="ceiling", label="sum", shape_set="ceiling", status="ok", kernel_gbps=3900.0),
-            dict(path="cute-naive", kind="nvfp4lib", label="CuTe naive", shape_set="-", status="skipped",
+            dict(path="cute_naive", kind="nvfp4lib", label="CuTe naive", shape_set="-", status="skipped",
                  note="needs a CUDA GPU")]
-    model = {"cute-fast": ("nvfp4lib", 3000.0), "dispatch": ("nvfp4lib", 3200.0),
-             "peer-eager": ("peer", 25.0), "peer-bf16": ("peer", 900.0)}
+    model = {"cute_fast": ("nvfp4lib", 3000.0), "dispatch": ("nvfp4lib", 3200.0),
+             "peer_eager": ("peer", 25.0), "peer_bf16": ("peer", 900.0)}
     shapes = [("benchmark", s) for s in BENCHMARK_SHAPES] + [("sweep", s) for s in suite.sweep_shapes((21, 25))]
     for shape_set, s in shapes:
         for name, (kind, bandwidth) in model.items():
@@ -226,7 +235,7 @@ def test_figures_from_a_synthetic_csv(tmp_path):
     path = tmp_path / "h200.csv"
     bench_report.write_csv(_synthetic_rows(), path)
     figures = bench_report.make_figures(path)
-    assert set(figures) == set(bench_report.FIGURE_NAMES)
+    assert set(figures) == set(("00_roofline", "00_benchmark_bars"))
     roofline = figures["00_roofline"]
     assert [ax.get_title().split(":")[0] for ax in roofline.axes] == ["kernel time", "leaderboard time",
                                                                       "host-visible time"]
@@ -240,13 +249,13 @@ def test_figures_from_a_synthetic_csv(tmp_path):
 def test_summary_table_speedups_and_geomean():
     text = bench_report.summary_table(_synthetic_rows())
     assert "x eager" in text and "x bf16" in text and "broken" not in text
-    line = next(l for l in text.splitlines() if l.startswith("cute-fast") and "7168x16384x1" in l)
+    line = next(l for l in text.splitlines() if l.startswith("cute_fast") and "7168x16384x1" in l)
     kernel = bytes_moved(Shape(7168, 16384, 1)) / 3000.0 / 1e3
     eager = bytes_moved(Shape(7168, 16384, 1)) / 25.0 / 1e3
     assert line.split()[-2] == f"{(eager + 0.5) / (kernel + 0.5):.2f}", "speed-ups compare leaderboard time"
     header = next(l for l in text.splitlines() if l.startswith("geomean")).split()
     assert header == ["geomean", "over", "kernel", "us", "leaderboard", "us", "host-visible", "us"]
-    geo = next(l for l in text.splitlines() if l.startswith("cute-fast") and "3 shapes" in l).split()
+    geo = next(l for l in text.splitlines() if l.startswith("cute_fast") and "3 shapes" in l).split()
     times = [bytes_moved(s) / 3000.0 / 1e3 for s in BENCHMARK_SHAPES]
     expected = [math.prod(t + extra for t in times) ** (1 / 3) for extra in (0.0, 0.5, 8.0)]
     assert [float(x) for x in geo[3:]] == pytest.approx(expected, abs=0.06)
@@ -274,7 +283,7 @@ def test_summary_and_figures_hold_paths_against_the_best_read():
     for s in BENCHMARK_SHAPES:
         best = bytes_moved(s) / max(READ_BANDWIDTH.values()) / 1e3  # the fastest read (dirty flush), kernel time
         kernel = max(3.0, bytes_moved(s) / 3000.0 / 1e3)
-        cells = _table_cells(text, "cute-fast", s)
+        cells = _table_cells(text, "cute_fast", s)
         assert float(cells["% read"]) == pytest.approx(100 * best / kernel, abs=0.06)
     figures = bench_report.make_figures(rows)
     try:
@@ -332,9 +341,9 @@ def test_an_older_csv_loads_its_leaderboard_column_as_host_visible_time(tmp_path
     text = bench_report.summary_table(rows)
     assert "host-visible (older run) us" in text and "leaderboard us" not in text
     assert bench_report.OLDER_RUN_NOTE in text and "these results have no streaming reads" in text
-    cells = _table_cells(text, "cute-fast", BENCHMARK_SHAPES[0])
-    eager = next(r for r in timed if r["path"] == "peer-eager" and r["shape_set"] == "benchmark")
-    fast = next(r for r in timed if r["path"] == "cute-fast" and r["shape_set"] == "benchmark")
+    cells = _table_cells(text, "cute_fast", BENCHMARK_SHAPES[0])
+    eager = next(r for r in timed if r["path"] == "peer_eager" and r["shape_set"] == "benchmark")
+    fast = next(r for r in timed if r["path"] == "cute_fast" and r["shape_set"] == "benchmark")
     assert cells["x eager"] == f"{eager['host_visible_us'] / fast['host_visible_us']:.2f}"
     assert "host-visible (older run)" in bench_report.overhead_table(rows)
     figures = bench_report.make_figures(path)

@@ -12,8 +12,8 @@ FP4 GEMM never run. On a B200 this runs, in order:
   notebook 03, 04      notebooks 03_scaled_mm and 04_cute_kernel in full mode (run_notebooks)
   leaderboard: hybrid  the hybrid export through the local leaderboard (test and benchmark mode);
                        its import-time self-check must pick the CuTe kernel
-  leaderboard: fallback  the same with the CuTe path made to fail (--fail-path cute): it must say
-                       so and run torch._scaled_mm instead
+  leaderboard: fallback  the same with the CuTe path made to fail (--fail-path cute_fast): it must
+                       say so and run torch._scaled_mm instead (scaled_mm_permuted)
 
 and writes build/blackwell_report.md: pass, fail or skip and the time of each item, with details.
 On any other machine it prints what it would run and why each item is skipped, writes the report
@@ -40,7 +40,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from nvfp4lib.device import capabilities, environment_report  # noqa: E402
-from nvfp4lib.paths import BUILD_DIR, NOTEBOOKS_DIR  # noqa: E402
+from nvfp4lib.locations import BUILD_DIR, NOTEBOOKS_DIR  # noqa: E402
 
 WORK_DIR = BUILD_DIR / "blackwell"
 DEFAULT_REPORT = BUILD_DIR / "blackwell_report.md"
@@ -127,7 +127,7 @@ def hardware_against_models() -> str:
         raise CheckFailed(f"the CuTe kernel was built for {runner.arch}, not sm_100a (no hardware decode)")
     for seed, shape in enumerate(HARDWARE_SHAPES):
         data = generate_input(*shape, seed=seed, mode="full", device="cuda")
-        poison_(data[6])
+        poison_(data.c)
         got = runner(data).cpu()[:, 0, :].numpy()
         cpu = tuple(t.cpu() for t in data)
         expected = decode_models.fast_kernel_model(cpu, "hw")[1]
@@ -136,12 +136,12 @@ def hardware_against_models() -> str:
         if differ:
             problems.append(lines[-1])
         # cuBLAS reads the block scales as unsigned UE4M3, so its comparison uses |scales|
-        unsigned = list(data)
-        for i in (2, 3, 4, 5):
-            unsigned[i] = data[i].clone()  # same strides
-            unsigned[i].view(torch.uint8).bitwise_and_(0x7F)
-        poison_(unsigned[6])
-        result = check(scaled_mm.gemv_scaled_mm_permuted(tuple(unsigned)), tuple(unsigned))
+        scales = {name: getattr(data, name).clone() for name in ("sfa", "sfb", "sfa_permuted", "sfb_permuted")}
+        for sf in scales.values():  # clones keep the strides
+            sf.view(torch.uint8).bitwise_and_(0x7F)
+        unsigned = data._replace(**scales)
+        poison_(unsigned.c)
+        result = check(scaled_mm.gemv_scaled_mm_permuted(unsigned), unsigned)
         ran = scaled_mm.last_path
         lines.append(f"cuBLAS FP4 {shape} ({ran}), scales made non-negative: {result.message.splitlines()[0]}")
         if not result.ok or ran != scaled_mm.HARDWARE_PATH:
@@ -194,11 +194,11 @@ ITEMS = (
          "cuBLAS FP4 against the exact reference", hardware_against_models),
     Item("notebook 03", "notebooks/03_scaled_mm.ipynb in full mode", _notebook("03_scaled_mm")),
     Item("notebook 04", "notebooks/04_cute_kernel.ipynb in full mode", _notebook("04_cute_kernel")),
-    Item("leaderboard: hybrid", "python -m nvfp4lib.evaluate on the hybrid export (self-check must pick cute)",
-         _leaderboard((), ["self-check ok: cute on"])),
-    Item("leaderboard: fallback", "the same with --fail-path cute (it must fall back to scaled_mm)",
-         _leaderboard(("cute",), ["self-check: cute failed (RuntimeError: made to fail on purpose",
-                                  "self-check ok: scaled_mm on"])),
+    Item("leaderboard: hybrid", "python -m nvfp4lib.evaluate on the hybrid export (self-check must pick cute_fast)",
+         _leaderboard((), ["self-check ok: cute_fast on"])),
+    Item("leaderboard: fallback", "the same with --fail-path cute_fast (it must fall back to scaled_mm_permuted)",
+         _leaderboard(("cute_fast",), ["self-check: cute_fast failed (RuntimeError: made to fail on purpose",
+                                       "self-check ok: scaled_mm_permuted on"])),
 )
 
 

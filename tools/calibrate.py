@@ -6,9 +6,9 @@ Without a CUDA GPU there is nothing to time: it says so and exits 0 (like every 
 
 import sys
 
-from nvfp4lib import dispatch
+from nvfp4lib import calibration, dispatch
 from nvfp4lib.device import capabilities
-from nvfp4lib.paths import BUILD_DIR
+from nvfp4lib.locations import BUILD_DIR
 
 TABLE = BUILD_DIR / "dispatch_table.json"
 
@@ -19,7 +19,7 @@ def main() -> int:
         print(f"calibrate: skipped, it times GPU kernels and this machine has {caps.summary()}")
         return 0
     BUILD_DIR.mkdir(exist_ok=True)
-    dispatch.calibrate()
+    calibration.calibrate()
     print(f"wrote {dispatch.save_table(TABLE)}")
     return 0
 

@@ -2,10 +2,10 @@
 """Run the CuTe DSL GEMV kernels under NVIDIA compute-sanitizer (memcheck, racecheck).
 
 The script starts itself as a child process under each sanitizer tool, in a small driver mode that
-runs `gemv_cute` (variants "naive" and "fast") on the test shapes and on odd shapes (a single
-128-row tile, K below one 256-element step, and M = 16384 with L = 8), each on a clone of the input
-with c poisoned (nvfp4lib.harness.check_once) and the result checked against the exact reference
-computed on the CPU. It then prints one
+runs `gemv_cute` (variants "naive" and "fast") on the test shapes and on the package's extra shapes
+(`nvfp4lib.problem.EXTRA_SHAPES`: the smallest K, a K that is not a multiple of 128, large M with
+many batches), each on a clone of the input with c poisoned (nvfp4lib.harness.check_once) and the
+result checked against the exact reference computed on the CPU. It then prints one
 summary line per tool and exits non-zero if a sanitizer reported an error, a result was wrong, or
 the driver failed. PyTorch's caching allocator is switched off in the child
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1) so that every tensor is its own allocation and a read past its
@@ -13,7 +13,7 @@ end is caught rather than landing in a neighbour's pooled memory.
 
 Without a CUDA GPU, the CuTe DSL or compute-sanitizer, it says which is missing and exits 0.
 
-    python tools/sanitize.py [--tools memcheck,racecheck] [--variants naive,fast] [--shapes all|test|odd]
+    python tools/sanitize.py [--tools memcheck,racecheck] [--variants naive,fast] [--shapes all|test|extra]
 """
 
 from __future__ import annotations
@@ -46,16 +46,15 @@ ERROR_EXIT = 86  # what compute-sanitizer returns when it found errors (set by -
 CHILD_TIMEOUT_S = 3600
 
 
-def odd_shapes():
-    from nvfp4lib.problem import Shape
-
-    return [Shape(128, 64, 1), Shape(128, 192, 1), Shape(16384, 1024, 8)]
+SHAPE_SETS = ("all", "test", "extra")
 
 
 def shapes_for(which: str):
-    from nvfp4lib.problem import TEST_SHAPES
+    """The shapes of --shapes `which`: the test shapes, problem.EXTRA_SHAPES, or both."""
+    from nvfp4lib.problem import EXTRA_SHAPES, TEST_SHAPES
 
-    return {"test": list(TEST_SHAPES), "odd": odd_shapes(), "all": list(TEST_SHAPES) + odd_shapes()}[which]
+    sets = {"test": list(TEST_SHAPES), "extra": list(EXTRA_SHAPES)}
+    return sets["test"] + sets["extra"] if which == "all" else sets[which]
 
 
 # --------------------------------------------------------------------------- driver (the child)
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"comma-separated, from {TOOLS}")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated CuTe variants")
-    ap.add_argument("--shapes", default="all", choices=("all", "test", "odd"))
+    ap.add_argument("--shapes", default="all", choices=SHAPE_SETS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S, help="seconds per tool")
     ap.add_argument("--log-dir", default=str(REPO_ROOT / "build" / "sanitize"))

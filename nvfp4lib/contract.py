@@ -1,24 +1,64 @@
-"""Input checks for the GEMV 7-tuple, so kernels that read raw pointers fail loudly.
+"""The GEMV's input contract, and the checks that hold every caller to it.
 
-A kernel given a tensor with the right shape but the wrong strides silently computes
-garbage; these checks turn that into an error that names the argument.
+The leaderboard hands ``custom_kernel`` a 7-tuple; this module is the one place that says what
+it holds. Per batch l (the last dimension of every tensor), with K/16 scale blocks:
+
+* ``a`` [M, K/2, L] float4_e2m1fn_x2: two E2M1 codes per byte, the even element in the low nibble;
+* ``b`` [128, K/2, L]: the vector is row 0, rows 1..127 are padding (so torch._scaled_mm
+  accepts it as a matrix);
+* ``sfa`` [M, K/16, L], ``sfb`` [128, K/16, L] float8_e4m3fn: one scale per 16 codes;
+* ``sfa_permuted`` / ``sfb_permuted`` [32, 4, rest_mn, 4, rest_k, L]: the same scales in
+  512-byte atoms of 128 rows x 4 scale columns, the layout of Blackwell's block-scaled MMA and of
+  cuBLAS's blocked buffers (nvfp4lib.layouts converts);
+* ``c`` [M, 1, L] float16: the output, written by the kernel.
+
+Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a
+contiguous (L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor
+with the right shape but other strides would silently compute garbage; `validate_gemv_input`
+turns that into an error that names the argument. Nothing here imports the rest of the package.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
-NAMES = ("a", "b", "sfa", "sfb", "sfa_permuted", "sfb_permuted", "c")
-_DTYPES = {
+
+class Shape(NamedTuple):
+    """A GEMV problem: M rows of A, K elements per row (and in the vector), L batches."""
+    m: int
+    k: int
+    l: int
+
+
+class GemvInput(NamedTuple):
+    """The leaderboard's 7-tuple with named fields; still a plain tuple to everything else."""
+    a: torch.Tensor
+    b: torch.Tensor
+    sfa: torch.Tensor
+    sfb: torch.Tensor
+    sfa_permuted: torch.Tensor
+    sfb_permuted: torch.Tensor
+    c: torch.Tensor
+
+
+NAMES = GemvInput._fields
+BLOCK_SIZE = 16  # FP4 codes per E4M3 scale
+B_ROWS = 128  # b and sfb are padded to 128 rows so that torch._scaled_mm accepts them
+SCALE_TILE_ROWS = 128  # one atom of the permuted scales: 128 rows ...
+SCALE_TILE_COLS = 4  # ... x 4 scale columns (64 K elements) ...
+SCALE_ATOM_BYTES = SCALE_TILE_ROWS * SCALE_TILE_COLS  # ... = 512 bytes
+
+DTYPES = {
     "a": torch.float4_e2m1fn_x2, "b": torch.float4_e2m1fn_x2,
     "sfa": torch.float8_e4m3fn, "sfb": torch.float8_e4m3fn,
     "sfa_permuted": torch.float8_e4m3fn, "sfb_permuted": torch.float8_e4m3fn,
     "c": torch.float16,
 }
-_RANKS = {"a": 3, "b": 3, "sfa": 3, "sfb": 3, "sfa_permuted": 6, "sfb_permuted": 6, "c": 3}
-B_ROWS = 128  # b and sfb are padded to 128 rows so that torch._scaled_mm accepts them
+RANKS = {"a": 3, "b": 3, "sfa": 3, "sfb": 3, "sfa_permuted": 6, "sfb_permuted": 6, "c": 3}
 # Bytes the kernels' widest loads need: 128-bit loads of codes and permuted scales, 32-bit of plain scales.
-_ALIGNMENT = {"a": 16, "b": 16, "sfa": 4, "sfb": 4, "sfa_permuted": 16, "sfb_permuted": 16, "c": 2}
+ALIGNMENT = {"a": 16, "b": 16, "sfa": 4, "sfb": 4, "sfa_permuted": 16, "sfb_permuted": 16, "c": 2}
 
 
 class NVFP4InputError(ValueError):
@@ -40,44 +80,24 @@ def require_real(x, name: str) -> torch.Tensor:
     return x
 
 
-class TupleCache:
-    """What was prepared for the last few inputs (validation, views, raw addresses), keyed on
-    the tensors themselves.
+def byte_view(t, name: str, dtype: torch.dtype) -> torch.Tensor:
+    """uint8 view (no copy) of `t`, given as `dtype` or already as uint8 bytes."""
+    require_tensor(t, name)
+    if t.dtype == torch.uint8:
+        return t
+    if t.dtype == dtype:
+        return t.view(torch.uint8)
+    raise NVFP4InputError(f"{name}: expected uint8 or {str(dtype).removeprefix('torch.')}, got {t.dtype}")
 
-    A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
-    all that the prepared data depends on: the object (its id), data address, shape, strides,
-    dtype and device. The container is not part of it, so a tuple and a list of the same
-    tensors share an entry, and a list whose items are replaced, or a tensor re-pointed in
-    place (``set_``, ``.data = ...``, ``as_strided_``), is prepared again. An entry holds its
-    tensors, so their ids cannot be reused while it lives, and a hit means every remembered
-    address is where each tensor's data is now. Values are not in the key (c is written by
-    every call): nothing prepared here may depend on them. Per call: 6 reads of each tensor
-    and one dict lookup, a few microseconds of host time and no device work.
-    """
 
-    def __init__(self, max_entries: int = 4):
-        self.max_entries = max_entries
-        self._entries: dict[tuple, tuple] = {}
+def scale_tile_counts(mn: int, k_blocks: int) -> tuple[int, int]:
+    """(rest_mn, rest_k): how many 128-row and 4-column tiles cover the scales."""
+    return -(-mn // SCALE_TILE_ROWS), -(-k_blocks // SCALE_TILE_COLS)
 
-    @staticmethod
-    def key(data) -> tuple:
-        """Per tensor: (id, data address, shape, strides, dtype, device)."""
-        return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
-    def get(self, data, make):
-        """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""
-        try:
-            key = self.key(data)
-        except (TypeError, AttributeError):  # not a sequence of tensors: make() reports what is wrong
-            return make(data)
-        entry = self._entries.get(key)
-        if entry is not None:
-            return entry[1]
-        value = make(data)
-        if len(self._entries) >= self.max_entries:
-            self._entries.pop(next(iter(self._entries)))  # the oldest
-        self._entries[key] = (tuple(data), value)
-        return value
+def permuted_strides(rest_mn: int, rest_k: int, l: int) -> tuple[int, ...]:
+    """Strides of [32, 4, rest_mn, 4, rest_k, L] viewing a contiguous (L, rest_mn, rest_k, 32, 4, 4)."""
+    return (16, 4, rest_k * SCALE_ATOM_BYTES, 1, SCALE_ATOM_BYTES, rest_mn * rest_k * SCALE_ATOM_BYTES)
 
 
 def strides_match(t: torch.Tensor, expected: tuple[int, ...]) -> bool:
@@ -96,6 +116,29 @@ def _storage_span(x: torch.Tensor) -> tuple[int, int]:
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
 
 
+def first_tensor(data) -> torch.Tensor:
+    """``a`` of a 7-tuple, read cheaply, for choosing a kernel or a device before the chosen code
+    validates everything; a malformed tuple gets the error `validate_gemv_input` gives."""
+    try:
+        a = data[0]
+        a.shape, a.device  # noqa: B018 - what the callers read
+        return a
+    except (TypeError, AttributeError, IndexError, KeyError):
+        validate_gemv_input(data)  # raises the NVFP4InputError that names what is wrong
+        raise
+
+
+def shape_of(data) -> Shape:
+    """The Shape of a 7-tuple read from ``a`` alone (`first_tensor`)."""
+    a = first_tensor(data)
+    try:
+        m, half_k, l = a.shape
+    except ValueError:
+        validate_gemv_input(data)
+        raise
+    return Shape(m, 2 * half_k, l)
+
+
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128, need_k_multiple: int = 64,
                         check_storage: bool = True):
     """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
@@ -106,19 +149,16 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128,
     a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
     what a kernel writes through raw pointers elsewhere cannot be detected.
     """
-    from nvfp4lib.layouts import permuted_strides, scale_tile_counts  # they import this module
-    from nvfp4lib.problem import Shape
-
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
         raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")
     t = dict(zip(NAMES, data))
     for name, x in t.items():
         require_tensor(x, name)
-        if x.dtype != _DTYPES[name]:
-            raise NVFP4InputError(f"{name}: expected dtype {_DTYPES[name]}, got {x.dtype}")
-        if x.dim() != _RANKS[name]:
-            raise NVFP4InputError(f"{name}: expected rank {_RANKS[name]}, got shape {tuple(x.shape)}")
+        if x.dtype != DTYPES[name]:
+            raise NVFP4InputError(f"{name}: expected dtype {DTYPES[name]}, got {x.dtype}")
+        if x.dim() != RANKS[name]:
+            raise NVFP4InputError(f"{name}: expected rank {RANKS[name]}, got shape {tuple(x.shape)}")
 
     m, half_k, l = t["a"].shape
     k = 2 * half_k
@@ -133,7 +173,7 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128,
         raise NVFP4InputError(f"a: expected K a multiple of {need_k_multiple}, got K = {k}")
     if need_m_multiple and m % need_m_multiple:
         raise NVFP4InputError(f"a: expected M a multiple of {need_m_multiple}, got M = {m}")
-    k_blocks = k // 16
+    k_blocks = k // BLOCK_SIZE
     rest_m, rest_k = scale_tile_counts(m, k_blocks)
     shapes = {
         "a": (m, half_k, l), "b": (B_ROWS, half_k, l),
@@ -155,9 +195,9 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128,
         if not strides_match(x, strides[name]):
             raise NVFP4InputError(
                 f"{name}: expected strides {strides[name]} (the documented storage), got {x.stride()}")
-        if x.data_ptr() % _ALIGNMENT[name]:
-            raise NVFP4InputError(f"{name}: expected a data pointer aligned to {_ALIGNMENT[name]} bytes, "
-                                  f"got address % {_ALIGNMENT[name]} = {x.data_ptr() % _ALIGNMENT[name]}")
+        if x.data_ptr() % ALIGNMENT[name]:
+            raise NVFP4InputError(f"{name}: expected a data pointer aligned to {ALIGNMENT[name]} bytes, "
+                                  f"got address % {ALIGNMENT[name]} = {x.data_ptr() % ALIGNMENT[name]}")
 
     devices = {name: x.device for name, x in t.items()}
     if len(set(devices.values())) != 1:

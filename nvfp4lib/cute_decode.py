@@ -1,0 +1,142 @@
+"""FP4 (E2M1) decode and 16-code block dot products, as the CuTe kernels trace them.
+
+Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is compiled
+(`nvfp4lib.cute_gemv.resolve_decode`):
+
+* "hw" (sm_100a and newer): Blackwell's ``cvt.rn.f16x2.e2m1x2``, one instruction per byte
+  (`decode_word_hw`); true fp16 values.
+* "lut" (Hopper's default): ``prmt`` looks the codes up in a byte table of twice their magnitudes
+  held in two immediates (`decode_word_lut`), and integer ``dp4a`` multiplies (`block_dot_lut`).
+* "bitops" (any target): integer operations rebuild the fp16 bit patterns, which come out as the
+  value times 2^-14 (`decode_word_bitops`).
+
+A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or
+in int32 (`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is
+folded into B's block scale. Plain Python helpers: a kernel calls them while it is traced, so they
+emit their instructions inline; `nvfp4lib.decode_models` models each of them bit for bit in numpy.
+"""
+
+from __future__ import annotations
+
+from nvfp4lib.cute_ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, prmt,
+                               prmt_table, s32_to_f32)
+
+FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
+LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
+SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word
+DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}
+"""What a block sum is multiplied by to be the true dot product: the bit trick decodes A to its value
+times 2^-14; the lookup decodes A and B to twice their values."""
+
+
+def decode_factor(decode: str):
+    """`DECODE_FACTOR` of ``decode`` as the fp32 constant a kernel multiplies B's scales by."""
+    return Float32(DECODE_FACTOR[decode])
+
+
+def half2_sum_f32(h2):
+    """lo + hi of a packed half2, in fp32."""
+    lo, hi = half2_to_f32_pair(h2)
+    return lo + hi
+
+
+# --------------------------------------------------------------------------- packed fp16 decodes
+
+
+def decode_word_bitops(word):
+    """8 E2M1 codes (one 32-bit word) -> 4 half2 holding value * 2^-14, with bit operations.
+
+    An E2M1 code is [sign | e1 e0 | m]. Placing e1 e0 m into fp16 bits 11..9 (the two low
+    exponent bits and the top mantissa bit) and the sign into bit 15 gives an fp16 equal
+    to the E2M1 value times 2^-14, for normal and subnormal codes alike. Each byte is first
+    rewritten as [s 0 0 0 e1 e0 m 0], then a byte permute lifts two bytes into one half2.
+    Pairs come out as (n2, n6), (n0, n4), (n3, n7), (n1, n5); A and B use the same order.
+    """
+    x = Uint32(word)
+    even = ((x << 1) & Uint32(0x0E0E0E0E)) | ((x << 4) & Uint32(0x80808080))
+    odd = ((x >> 3) & Uint32(0x0E0E0E0E)) | (x & Uint32(0x80808080))
+    zero = Int32(0)
+    return (
+        Int32(even & Uint32(0xFF00FF00)),
+        prmt(Int32(even), zero, 0x2404),
+        Int32(odd & Uint32(0xFF00FF00)),
+        prmt(Int32(odd), zero, 0x2404),
+    )
+
+
+def decode_word_hw(word):
+    """8 E2M1 codes -> 4 half2 of true values with Blackwell's hardware conversion (half2 i = byte i)."""
+    return e2m1x8_to_f16x2(Int32(word))
+
+
+def decode_b_word(word, hw_e2m1: bool):
+    """B is decoded to true fp16 values (the 2^-14 of the bit trick stays on A only)."""
+    if hw_e2m1:
+        return decode_word_hw(word)
+    two14 = Int32(FP16X2_2_POW_14)
+    zero = Int32(0)
+    return tuple(
+        cute.arch.fma_packed_f16x2(h, two14, zero) for h in decode_word_bitops(word)
+    )
+
+
+def block_dot(a_words, b_halves, hw_e2m1: bool):
+    """Sum of a 16-element block (2 words of A, 8 half2 of B) in packed fp16, as fp32.
+
+    Exact: every product is a multiple of 2^-16 (bit trick) or 1/4 (hardware decode) and
+    each half2 lane sums 8 products of magnitude <= 36, which fp16 represents exactly.
+    """
+    acc = Int32(0)
+    for w in range(2):
+        a_halves = decode_word_hw(a_words[w]) if hw_e2m1 else decode_word_bitops(a_words[w])
+        for h in range(4):
+            acc = cute.arch.fma_packed_f16x2(a_halves[h], b_halves[4 * w + h], acc)
+    return half2_sum_f32(acc)
+
+
+# --------------------------------------------------------------------------- register lookup (Hopper)
+
+
+def lookup4(selectors):
+    """Bytes 2|v| of the 4 codes in the low 16 bits of ``selectors``; 0 for negative codes.
+
+    ``prmt`` picks byte ``code & 7`` of the table; a code's sign bit is prmt's
+    sign-replicate flag, which yields 0x00 because no table byte has its top bit set.
+    """
+    return prmt_table(LUT_LO, LUT_HI, selectors)
+
+
+def decode_word_lut(word):
+    """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones.
+
+    Returns (pos 0-3, pos 4-7, neg 0-3, neg 4-7): four words of 4 bytes, a byte 0 where the
+    code has the other sign. a . b = pos . b + neg . (-b) then needs no sign arithmetic.
+    """
+    x = Uint32(word)
+    flipped = x ^ Uint32(SIGN_BITS)
+    return (lookup4(Int32(x)), lookup4(Int32(x >> 16)), lookup4(Int32(flipped)), lookup4(Int32(flipped >> 16)))
+
+
+def negate_bytes(v):
+    """-v per byte for bytes in [0, 128] (no borrow crosses a byte)."""
+    return Int32((Uint32(0x80808080) - Uint32(v)) ^ Uint32(0x80808080))
+
+
+def decode_b_word_lut(word):
+    """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
+    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
+    return (pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
+            neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
+
+
+def block_dot_lut(a_words, b_bytes):
+    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32.
+
+    Exact: |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude.
+    """
+    acc = Int32(0)
+    for w in range(2):
+        parts = decode_word_lut(a_words[w])
+        for i in range(4):
+            acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
+    return s32_to_f32(acc)

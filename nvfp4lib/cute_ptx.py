@@ -1,0 +1,191 @@
+"""The CuTe DSL, imported once, and the PTX instructions the CuTe kernels use, as DSL ops.
+
+The DSL is optional: the rest of the package works without it. It is imported here, guarded, and
+the other CuTe modules take its names from this module, so there is one place that says whether it
+is there and new enough (`DSL_PROBLEM`). The kernels need nvidia-cutlass-dsl 4.6.0 or newer
+(`MIN_CUTE_DSL`: ``cute.arch.inline_ptx`` and ``cute.arch.fma_packed_f16x2`` first appear there).
+
+Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it
+takes the caller's source location, so compiler diagnostics point at the kernel line that called
+it). Called from inside a ``@cute.kernel``, an op is traced inline: it emits exactly the PTX
+written here and nothing else, so the kernels choose every load and conversion instruction
+themselves. The ops take and return the DSL's 32-bit registers (``Int32``, ``Float32``), whatever
+the PTX types inside. ISA facts they rely on are modelled, and checked on any machine, in
+`nvfp4lib.decode_models`.
+"""
+
+from __future__ import annotations
+
+import re
+
+try:  # the CuTe DSL is optional: everything else in the package works without it
+    import cutlass
+    import cutlass.cute as cute
+    from cutlass import Float16, Float32, Int16, Int32, Int64, Uint32
+    from cutlass.cutlass_dsl import dsl_user_op
+    DSL_IMPORT_ERROR = None
+except ImportError as missing:  # pragma: no cover - exercised on machines without the DSL
+    cutlass = cute = None
+    Float16 = Float32 = Int16 = Int32 = Int64 = Uint32 = None  # only traced code uses them
+    DSL_IMPORT_ERROR = f"{type(missing).__name__}: {missing}"
+
+    def dsl_user_op(op):
+        """Without the DSL the ops are still defined, so this module imports; nothing can trace them."""
+        return op
+
+MIN_CUTE_DSL = (4, 6, 0)  # cute.arch.inline_ptx and cute.arch.fma_packed_f16x2 first appear in 4.6.0
+
+
+def dsl_problem() -> str | None:
+    """Why the installed CuTe DSL cannot build the kernels (None: it can)."""
+    if cute is None:
+        return (f"the CuTe DSL could not be imported ({DSL_IMPORT_ERROR}); "
+                f"pip install 'nvidia-cutlass-dsl>=4.6' apache-tvm-ffi")
+    version = str(getattr(cutlass, "__version__", ""))
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if found and found < MIN_CUTE_DSL:  # no number (a source build): compiling will tell
+        return (f"nvidia-cutlass-dsl {version} is too old for these kernels: they need 4.6.0 or newer "
+                f"(cute.arch.inline_ptx, cute.arch.fma_packed_f16x2); pip install 'nvidia-cutlass-dsl>=4.6'")
+    return None
+
+
+DSL_PROBLEM = dsl_problem()
+"""Checked once, at import: None, or why compiling a kernel is refused (a missing or too old DSL)."""
+
+
+# --------------------------------------------------------------------------- global loads
+
+
+@dsl_user_op
+def ld_global_v4_if(ptr, pred, hint: str, *, loc=None, ip=None):
+    """128-bit load (4 words) that yields zeros where ``pred`` is false (K tails, pipeline end).
+
+    ``hint`` is the PTX qualifiers between ``ld.global`` and ``.v4``, e.g. ``".nc"``.
+    """
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n"
+        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
+        f" @p ld.global{hint}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}]; }}",
+        write_only_types=[Int32] * 4,
+        read_only_args=[ptr, Int32(pred)],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_u16_if(ptr, pred, *, loc=None, ip=None):
+    """16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc.u16 {$w0}, [{$r0}]; }",
+        write_only_types=[Int16],
+        read_only_args=[ptr, Int32(pred)],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_u32(ptr, *, loc=None, ip=None):
+    """Plain 32-bit load (8 FP4 codes)."""
+    return cute.arch.inline_ptx("ld.global.u32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[ptr],
+                                loc=loc, ip=ip)
+
+
+@dsl_user_op
+def prefetch_l2_if(ptr, nbytes, max_bytes: int, pred, *, loc=None, ip=None):
+    """Ask the L2 to fetch min(``nbytes``, ``max_bytes``) bytes (multiples of 16; ``ptr`` 16-byte
+    aligned) from global memory where ``pred``: ``cp.async.bulk.prefetch.L2`` (sm_90+). A hint: no
+    registers, nothing to wait for, so it puts more bytes in flight than a warp's registers can hold."""
+    cute.arch.inline_ptx(
+        "{ .reg .pred p; .reg .b32 n;\n setp.ne.b32 p, {$r2}, 0;\n"
+        f" min.s32 n, {{$r1}}, {max_bytes};\n"
+        " @p cp.async.bulk.prefetch.L2.global [{$r0}], n; }",
+        read_only_args=[ptr, Int32(nbytes), Int32(pred)],
+        loc=loc, ip=ip,
+    )
+
+
+# --------------------------------------------------------------------------- conversions
+
+
+@dsl_user_op
+def e4m3x2_to_f32(pair, *, loc=None, ip=None):
+    """Two E4M3 scales (one 16-bit load) -> two fp32, the lower byte's first (``cvt ... e4m3x2``, sm_89+)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b32 h2; .reg .f16 lo, hi;\n"
+        " cvt.rn.f16x2.e4m3x2 h2, {$r0};\n"
+        " mov.b32 {lo, hi}, h2;\n"
+        " cvt.f32.f16 {$w0}, lo;\n"
+        " cvt.f32.f16 {$w1}, hi; }",
+        write_only_types=[Float32, Float32],
+        read_only_args=[pair],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def half2_to_f32_pair(h2, *, loc=None, ip=None):
+    """The two halves of a packed half2 (low half first), as fp32."""
+    return cute.arch.inline_ptx(
+        "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
+        write_only_types=[Float32, Float32],
+        read_only_args=[h2],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def e2m1x8_to_f16x2(word, *, loc=None, ip=None):
+    """The 8 E2M1 codes of a 32-bit word -> 4 half2 of their values, one ``cvt.rn.f16x2.e2m1x2`` per byte
+    (sm_100a and newer). Half2 i holds byte i: its low nibble in the low half."""
+    return cute.arch.inline_ptx(
+        "{ .reg .b8 b0, b1, b2, b3;\n"
+        " mov.b32 {b0, b1, b2, b3}, {$r0};\n"
+        " cvt.rn.f16x2.e2m1x2 {$w0}, b0;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w1}, b1;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w2}, b2;\n"
+        " cvt.rn.f16x2.e2m1x2 {$w3}, b3; }",
+        write_only_types=[Int32] * 4,
+        read_only_args=[word],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def s32_to_f32(x, *, loc=None, ip=None):
+    """``cvt.rn.f32.s32``: a 32-bit integer as fp32 (exact up to 2^24 in magnitude)."""
+    return cute.arch.inline_ptx("cvt.rn.f32.s32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[x],
+                                loc=loc, ip=ip)
+
+
+# --------------------------------------------------------------------------- integer byte operations
+
+
+@dsl_user_op
+def prmt(a, b, selector: int, *, loc=None, ip=None):
+    """``prmt.b32`` with a constant selector: result byte i is byte ``(selector >> 4i) & 7`` of the
+    8 bytes b:a (a's are 0-3), or that byte's sign replicated where ``(selector >> 4i) & 8``."""
+    return cute.arch.inline_ptx(
+        f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector};",
+        write_only_types=[Int32],
+        read_only_args=[a, b],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def prmt_table(table_lo: int, table_hi: int, selectors, *, loc=None, ip=None):
+    """``prmt.b32`` as a table lookup: the 8 bytes of two constant words are the table, the low 16
+    bits of ``selectors`` pick 4 of them (4 bits each, bit 3 the sign-replicate flag)."""
+    return cute.arch.inline_ptx(
+        f"prmt.b32 {{$w0}}, {table_lo}, {table_hi}, {{$r0}};", write_only_types=[Int32], read_only_args=[selectors],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def dp4a(a, b, acc, *, loc=None, ip=None):
+    """``dp4a.s32.s32``: acc + the sum of the products of the 4 signed bytes of a and of b."""
+    return cute.arch.inline_ptx(
+        "dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[a, b, acc],
+        loc=loc, ip=ip,
+    )
