@@ -25,11 +25,10 @@ from nvfp4lib.ceilings import best_reads, percent_of_read
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.harness import MEASURES
-from nvfp4lib.locations import BUILD_DIR, REPO_ROOT
+from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
 
 BENCH_DIR = BUILD_DIR / "bench"
-RESULTS_DIR = REPO_ROOT / "results"  # committed results of full runs, one CSV per device
 CPU_NOTE = "CPU: timings are not meaningful"
 
 ENV_FIELDS = ("python", "platform", "torch", "cuda_runtime", "driver", "gpu", "sm", "fp4_gemm", "cute_dsl",
@@ -230,7 +229,8 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
     peer_names = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
     peer_time = {(r["path"], r["m"], r["k"], r["l"]): r.get(score) for r in timed if r["kind"] == "peer"}
     header = ["path", "shape", *(f"{measure_label(m, rows)} us" for m in measures), "host us", "GB/s",
-              "% read" if reads else "% copy", *(f"x {n.removeprefix('peer_').removeprefix('peer-')}" for n in peer_names)]
+              "% read" if reads else "% copy",
+              *(f"x {n.removeprefix('peer_').removeprefix('peer-')}" for n in peer_names)]
     out = []
     cpu = any(r.get("timing") == "wall" for r in timed)
     for shape_set in shape_sets:

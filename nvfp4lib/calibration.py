@@ -14,10 +14,10 @@ from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, shape_class
 from nvfp4lib.harness import check_bound, measure
-from nvfp4lib.paths import PATHS, check_name
+from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 
-CANDIDATES = ("scaled_mm_permuted", "cute_fast")
+CANDIDATES = FALLBACK_ORDER  # the paths the dispatcher chooses between
 
 
 def calibrate(shapes=BENCHMARK_SHAPES, candidates=CANDIDATES, *, rule: StoppingRule = BENCHMARK_RULE,

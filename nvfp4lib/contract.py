@@ -121,25 +121,24 @@ def first_tensor(data) -> torch.Tensor:
     validates everything; a malformed tuple gets the error `validate_gemv_input` gives."""
     try:
         a = data[0]
-        a.shape, a.device  # noqa: B018 - what the callers read
-        return a
     except (TypeError, AttributeError, IndexError, KeyError):
+        a = None
+    if not isinstance(a, torch.Tensor):
         validate_gemv_input(data)  # raises the NVFP4InputError that names what is wrong
-        raise
+    return a
 
 
 def shape_of(data) -> Shape:
     """The Shape of a 7-tuple read from ``a`` alone (`first_tensor`)."""
     a = first_tensor(data)
-    try:
-        m, half_k, l = a.shape
-    except ValueError:
-        validate_gemv_input(data)
-        raise
+    if a.dim() != 3 or 0 in a.shape:
+        validate_gemv_input(data)  # names the rank or the zero size
+    m, half_k, l = a.shape
     return Shape(m, 2 * half_k, l)
 
 
-def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = 128, need_k_multiple: int = 64,
+def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCALE_TILE_ROWS,
+                        need_k_multiple: int = BLOCK_SIZE * SCALE_TILE_COLS,
                         check_storage: bool = True):
     """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
 

@@ -20,13 +20,8 @@ from __future__ import annotations
 
 from nvfp4lib.cute_ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, prmt,
                                prmt_table, s32_to_f32)
+from nvfp4lib.decode_models import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 
-FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
-LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
-SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word
-DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}
-"""What a block sum is multiplied by to be the true dot product: the bit trick decodes A to its value
-times 2^-14; the lookup decodes A and B to twice their values."""
 
 
 def decode_factor(decode: str):

@@ -21,7 +21,7 @@ over the warp with shuffles, and written as fp16. The tile shape is chosen per K
 per warp load); the permuted tensor-core layout is an option, slower for this access pattern
 (docs/cute_kernel_notes.md).
 
-The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``cute_ptx.MIN_CUTE_DSL``); an older or
+The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an older or
 missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
 public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
 removed in 4.7.0, so the leaderboard ran 4.6.x or older; where these kernels cannot be built, the

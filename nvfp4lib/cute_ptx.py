@@ -3,7 +3,7 @@
 The DSL is optional: the rest of the package works without it. It is imported here, guarded, and
 the other CuTe modules take its names from this module, so there is one place that says whether it
 is there and new enough (`DSL_PROBLEM`). The kernels need nvidia-cutlass-dsl 4.6.0 or newer
-(`MIN_CUTE_DSL`: ``cute.arch.inline_ptx`` and ``cute.arch.fma_packed_f16x2`` first appear there).
+(`device.MIN_CUTE_DSL`: ``cute.arch.inline_ptx`` and ``cute.arch.fma_packed_f16x2`` first appear there).
 
 Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it
 takes the caller's source location, so compiler diagnostics point at the kernel line that called
@@ -16,7 +16,7 @@ the PTX types inside. ISA facts they rely on are modelled, and checked on any ma
 
 from __future__ import annotations
 
-import re
+from nvfp4lib.device import cute_dsl_version_problem
 
 try:  # the CuTe DSL is optional: everything else in the package works without it
     import cutlass
@@ -33,20 +33,12 @@ except ImportError as missing:  # pragma: no cover - exercised on machines witho
         """Without the DSL the ops are still defined, so this module imports; nothing can trace them."""
         return op
 
-MIN_CUTE_DSL = (4, 6, 0)  # cute.arch.inline_ptx and cute.arch.fma_packed_f16x2 first appear in 4.6.0
-
-
 def dsl_problem() -> str | None:
     """Why the installed CuTe DSL cannot build the kernels (None: it can)."""
     if cute is None:
         return (f"the CuTe DSL could not be imported ({DSL_IMPORT_ERROR}); "
                 f"pip install 'nvidia-cutlass-dsl>=4.6' apache-tvm-ffi")
-    version = str(getattr(cutlass, "__version__", ""))
-    found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
-    if found and found < MIN_CUTE_DSL:  # no number (a source build): compiling will tell
-        return (f"nvidia-cutlass-dsl {version} is too old for these kernels: they need 4.6.0 or newer "
-                f"(cute.arch.inline_ptx, cute.arch.fma_packed_f16x2); pip install 'nvidia-cutlass-dsl>=4.6'")
-    return None
+    return cute_dsl_version_problem(str(getattr(cutlass, "__version__", "")))
 
 
 DSL_PROBLEM = dsl_problem()

@@ -39,8 +39,15 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from nvfp4lib.cute_decode import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.ptx_tools import instructions
+
+# The constants of the kernels' decodes (nvfp4lib.cute_decode traces them; the models here define them)
+FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
+LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
+SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word
+DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}
+"""What a block sum is multiplied by to be the true dot product: the bit trick decodes A to its value
+times 2^-14; the lookup decodes A and B to twice their values."""
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
 WARP = 32

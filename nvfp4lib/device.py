@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import platform
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -67,12 +68,27 @@ def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
     return _probe_fp4_gemm()
 
 
+MIN_CUTE_DSL = (4, 6, 0)  # cute.arch.inline_ptx and cute.arch.fma_packed_f16x2 first appear in 4.6.0
+
+
+def cute_dsl_version_problem(version: str) -> str | None:
+    """Why a CuTe DSL of this version cannot build the kernels (None: it can, or it has no number:
+    a source build, which compiling will judge)."""
+    found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
+    if found and found < MIN_CUTE_DSL:
+        return (f"nvidia-cutlass-dsl {version} is too old for these kernels: they need 4.6.0 or newer "
+                f"(cute.arch.inline_ptx, cute.arch.fma_packed_f16x2); pip install 'nvidia-cutlass-dsl>=4.6'")
+    return None
+
+
 def _probe_cute_dsl() -> str | None:
+    """The installed CuTe DSL's version, where it is new enough for the kernels (else None)."""
     try:
         import cutlass
     except ImportError:
         return None
-    return str(getattr(cutlass, "__version__", "unknown"))
+    version = str(getattr(cutlass, "__version__", "unknown"))
+    return None if cute_dsl_version_problem(version) else version
 
 
 def _cute_arch(sm: tuple[int, int] | None) -> str | None:

@@ -93,7 +93,7 @@ def _device_reason(name: str, caps: Capabilities, on_cuda: bool) -> str:
     if not on_cuda:
         return ("inputs on the CPU: the exact emulation of the FP4 GEMM (fp32 accumulation, one rounding to "
                 "fp16), the reference-style path")
-    if name == "cute_fast":
+    if name == BLACKWELL_DEFAULT:
         return f"{caps.name}: no FP4 GEMM below sm_100, the CuTe kernel decodes FP4 itself"
     if caps.fp4_gemm:
         return f"Blackwell without the CuTe DSL: cuBLAS FP4 GEMM is the only kernel ({cute_unavailable(caps, on_cuda)})"

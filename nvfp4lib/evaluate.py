@@ -65,7 +65,7 @@ import nvfp4lib.bench
 from nvfp4lib import harness
 from nvfp4lib.bench import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geomean, leaderboard_time, percent,
                             text_table)
-from nvfp4lib.contract import GemvInput, NAMES, Shape
+from nvfp4lib.contract import NAMES, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.harness import CheckFailed, RANKED_SEED_STEP, combine_seed
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
@@ -329,7 +329,7 @@ class SubmissionProcess:
         try:
             out = torch.load(output, map_location="cpu", weights_only=True)
             output.unlink()
-            if type(out) is not torch.Tensor or out.dtype != torch.float16 or out.shape != GemvInput(*data).c.shape:
+            if type(out) is not torch.Tensor or out.dtype != torch.float16 or out.shape != data[-1].shape:
                 raise ValueError(f"{type(out).__name__} instead of the output")
         except Exception as err:  # noqa: BLE001 - any unreadable answer is the submission's doing
             self._end(f"the call: its process sent back an unreadable output ({err})")
@@ -477,7 +477,8 @@ def run_case(process: SubmissionProcess, data, shape: Shape, case: str, earlier=
 
     `earlier` are correct outputs of earlier calls on other inputs: a wrong output equal to one
     of them is reported as stale (a result cached across calls)."""
-    poison_(GemvInput(*data).c)
+    *_, c = data
+    poison_(c)
     try:
         answer, out = process.call(data, reuse)
     except SubmissionProcessEnded as err:
@@ -621,7 +622,7 @@ def _ranked_calls(process: SubmissionProcess, shape: Shape, seed: int, device, r
     def new_input():
         current["seed"] += RANKED_SEED_STEP
         current["data"] = generate_input(*shape, seed=current["seed"], mode="leaderboard", device=device)
-        poison_(current["data"][6])
+        poison_(current["data"].c)
 
     def timed_there(call):
         answer, output = call()

@@ -15,6 +15,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 BUILD_DIR = REPO_ROOT / "build"
+RESULTS_DIR = REPO_ROOT / "results"  # committed results of full runs, one CSV per device
 COMMITTED_FIGURES_DIR = REPO_ROOT / "figures"  # figures of full GPU runs, listed in its INDEX.md
 BUILD_FIGURES_DIR = BUILD_DIR / "figures"       # figures of every other run
 

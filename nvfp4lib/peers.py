@@ -6,9 +6,9 @@ Each takes the leaderboard 7-tuple, writes every element of c and returns it:
   matmul per batch. Simple and slow: it writes and re-reads a float32 copy of A, 8x A's bytes.
 * `compiled_dequant_reduce`: the same decode and a multiply-and-sum written as one function
   under ``torch.compile``, so the decode fuses into the reduction and A is read once.
-* `BF16Gemv` (`prepare_bf16_weights` + `bf16_gemv`): the weights dequantized ahead of time to bf16,
-  then only a cuBLAS GEMV per call. The call is cheap to write but reads 4x the bytes of the NVFP4
-  data.
+* `prepare_bf16_weights` + `bf16_gemv`: the weights dequantized ahead of time to bf16, then only a
+  cuBLAS GEMV per call (`bf16_gemv_dequantizing` does both in one call). The call is cheap to
+  write but reads 4x the bytes of the NVFP4 data.
 
 Their names, summaries and how the benchmark builds them are in nvfp4lib.paths (``peer_*``).
 """
@@ -136,7 +136,7 @@ def bf16_gemv(prepared: PreparedBF16, data) -> torch.Tensor:
     would be off by up to 2^-9 relative, beyond the 1e-3 tolerance. PyTorch's CPU build has no
     bf16 -> fp32 matmul, so there the operands are widened first (same numbers, not timed on a GPU).
     """
-    c = data[-1]
+    *_, c = data
     w, x = prepared.weights, prepared.vector
     if w.is_cuda:
         out = torch.bmm(w, x, out_dtype=torch.float32)

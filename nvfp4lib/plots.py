@@ -151,10 +151,11 @@ def _shown(path: Path) -> str:
 
 # ------------------------------------------------------------------------------ colours
 
-# One colour per kernel path, the same in every figure and on every machine. Keys are path names
-# the names of nvfp4lib.paths; `path_key` also reads the spellings of CSVs written before those
-# names ("cute-fast", "peer-bf16", the dispatcher's old "cute"), so they keep their colour. Families share a hue: CuTe blues,
-# torch._scaled_mm reds and oranges, the entry points green and purple, peers greys.
+# One colour per kernel path, the same in every figure and on every machine. Keys are the names of
+# nvfp4lib.paths (and the two entry points); `path_key` also reads the spellings of CSVs written
+# before those names ("cute-fast", "peer-bf16", the dispatcher's old "cute"), so they keep their
+# colour. Families share a hue: CuTe blues, torch._scaled_mm reds and oranges, the entry points
+# green and purple, peers greys and light greens.
 PATH_COLORS = {
     "cute_fast": "#1f77b4",
     "cute_naive": "#aec7e8",
@@ -181,7 +182,8 @@ _FALLBACK_COLORS = tuple(matplotlib.colors.to_hex(c) for c in matplotlib.colorma
 
 
 def path_key(name: str) -> str:
-    """A path name in one spelling: lower case, '_' for '-', the dispatcher's short names expanded."""
+    """A path name in one spelling: lower case, '_' for '-', the spellings of older CSVs mapped to the
+    names of nvfp4lib.paths."""
     key = name.strip().lower().replace("-", "_")
     return _PATH_ALIASES.get(key, key)
 

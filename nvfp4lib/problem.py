@@ -9,6 +9,7 @@ leaderboard's own data does not.
 from __future__ import annotations
 
 import numbers
+
 import torch
 
 from nvfp4lib.contract import BLOCK_SIZE, B_ROWS, GemvInput, NVFP4InputError, Shape
@@ -21,7 +22,7 @@ TEST_SHAPES = [Shape(*s) for s in (
     (384, 7168, 2), (512, 512, 2), (512, 4096, 2), (512, 1536, 2))]
 EXTRA_SHAPES = [Shape(*s) for s in (
     (128, 64, 1), (128, 192, 3), (1024, 4096, 8), (16384, 1024, 8), (16384, 2048, 8))]
-"""Beyond the leaderboard's: the smallest K (one 64-element scale atom column), a K that is not a
+"""Beyond the leaderboard's: the smallest K (64: the 4 scale columns of one atom), a K that is not a
 multiple of 128, and large M with many batches; kernel tests and the sanitizer run these too."""
 BENCHMARK_SHAPES = [Shape(7168, 16384, 1), Shape(4096, 7168, 8), Shape(7168, 2048, 4)]
 B200_SPEED_OF_LIGHT_US = {

@@ -48,7 +48,7 @@ def reference_gemv(data) -> torch.Tensor:
     """
     # Any M and any K with whole scale blocks; the tensors are indexed, so any strides.
     validate_gemv_input(data, need_m_multiple=None, need_k_multiple=BLOCK_SIZE, check_storage=False)
-    a, b, sfa, sfb = data[:4]
+    a, b, sfa, sfb, _, _, _ = data
     m, half_k, l = a.shape
     if 2 * half_k > MAX_EXACT_K:
         raise NVFP4InputError(f"a: expected K <= {MAX_EXACT_K} (an exact int64 sum), got K = {2 * half_k}")

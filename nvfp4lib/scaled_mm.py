@@ -16,7 +16,7 @@ GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorc
 Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED,
 and the CPU has no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the
 same operands and the same BLOCKED scale buffers, so the layout code is tested everywhere.
-Which path ran is recorded in `last_path`.
+Which backend ran is recorded in `last_backend`.
 """
 
 from __future__ import annotations
@@ -24,39 +24,40 @@ from __future__ import annotations
 import torch
 
 from nvfp4lib.caches import TupleCache
-from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError, scale_tile_counts, validate_gemv_input
+from nvfp4lib.contract import (BLOCK_SIZE, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
+                               scale_tile_counts, validate_gemv_input)
 from nvfp4lib.device import capabilities
 from nvfp4lib.formats import byte_values, decode_e4m3, fp4_bytes
 from nvfp4lib.layouts import from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
 from nvfp4lib.streams import shared_pool
 
-HARDWARE_PATH = "cublas-fp4"
+HARDWARE_BACKEND = "cublas-fp4"
 OUT_DTYPE = torch.float16
 
-last_path: str | None = None
-"""What the most recent call ran: HARDWARE_PATH, or "emulated (...)" saying why."""
+last_backend: str | None = None
+"""What the most recent call ran: HARDWARE_BACKEND, or "emulated (...)" saying why."""
 
 
 # ---------------------------------------------------------------------------------------------
 # Which path, and the emulation
 
 
-def describe_path(device=None) -> str:
-    """The path a call with data on `device` (default: cuda if present, else cpu) takes, in words."""
+def describe_backend(device=None) -> str:
+    """The backend a call with data on `device` (default: cuda if present, else cpu) runs, in words."""
     device = torch.device(device if device is not None else
                           ("cuda" if torch.cuda.is_available() else "cpu"))
     caps = capabilities()
     if device.type == "cuda" and caps.fp4_gemm:
-        return HARDWARE_PATH
+        return HARDWARE_BACKEND
     if device.type != "cuda" and caps.fp4_gemm:
         return "emulated (the inputs are on the CPU)"
     return f"emulated (no FP4 GEMM on this device: {caps.summary()})"
 
 
 def _use_hardware(device: torch.device) -> bool:
-    global last_path
-    last_path = describe_path(device)
-    return last_path == HARDWARE_PATH
+    global last_backend
+    last_backend = describe_backend(device)
+    return last_backend == HARDWARE_BACKEND
 
 
 def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
@@ -77,11 +78,12 @@ def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
     k_blocks = 2 * mat1.shape[1] // BLOCK_SIZE
     for name, s, rows in (("scale_a", scale1, mat1.shape[0]), ("scale_b", scale2, mat2.shape[1])):
         rest_mn, rest_k = scale_tile_counts(rows, k_blocks)
-        want = rest_mn * 128 * rest_k * 4
+        want = rest_mn * rest_k * SCALE_ATOM_BYTES
         if s.dtype != torch.float8_e4m3fn or s.numel() != want or not s.is_contiguous():
             raise NVFP4InputError(
                 f"{name}: expected a contiguous float8_e4m3fn blocked buffer of {want} elements "
-                f"(round_up({rows}, 128) * round_up({k_blocks}, 4)), got {s.dtype} of shape "
+                f"(round_up({rows}, {SCALE_TILE_ROWS}) * round_up({k_blocks}, {SCALE_TILE_COLS})), "
+                f"got {s.dtype} of shape "
                 f"{tuple(s.shape)}, contiguous={s.is_contiguous()}")
 
 

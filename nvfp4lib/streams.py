@@ -63,6 +63,16 @@ def _checked_batch_views(data) -> tuple[tuple, ...]:
     return batch_views(data)
 
 
+def _resolved_device(device) -> torch.device:
+    """`device` with its index filled in ("cuda" is the current CUDA device; None the GPU if any)."""
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 class StreamPool:
     """``n`` CUDA streams and the events that join them to a caller, created once and reused.
 
@@ -77,12 +87,7 @@ class StreamPool:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n: expected an int >= 1 (number of streams), got {n!r}")
         self.n = n
-        if device is None:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        self.device = device
+        self.device = device = _resolved_device(device)
         self.streams: list = []
         if device.type == "cuda":
             self.streams = [torch.cuda.Stream(device=device) for _ in range(n)]
@@ -139,9 +144,9 @@ _shared_pools: dict = {}
 def shared_pool(device, n: int) -> StreamPool:
     """The pool of n streams on `device` (a tensor's device, index included) that every caller of this
     process shares, made on first use and kept (streams and events are made once, not per call)."""
-    key = (torch.device(device), n)
+    key = (_resolved_device(device), n)
     if key not in _shared_pools:
-        _shared_pools[key] = StreamPool(n, device)
+        _shared_pools[key] = StreamPool(n, key[0])
     return _shared_pools[key]
 
 
@@ -149,12 +154,13 @@ def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
     """Run ``per_batch_fn(batch_data)`` for every batch of ``data``; batch l on stream l % n.
 
     ``per_batch_fn`` is any GEMV that accepts the 7-tuple with L = 1 and writes its c (a
-    `_scaled_mm` variant, a `CuteGemv` made with enough `cache_entries` for L tuples, ...). Only min(n, L) streams are used. Returns c of
-    ``data``, ready for use on the caller's current stream (see the module docstring; warm the
-    function up on the caller's stream once if it creates shared state lazily).
+    `_scaled_mm` variant, a `CuteGemv` made with enough `cache_entries` for L tuples, ...). Only
+    min(n, L) streams are used. Returns c of ``data``, ready for use on the caller's current stream
+    (see the module docstring; warm the function up on the caller's stream once if it creates
+    shared state lazily).
     """
     batches = pool.split(data)
-    c = data[-1]
+    *_, c = data
     if not c.is_cuda:
         for part in batches:
             per_batch_fn(part)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import builtins
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -43,7 +43,7 @@ from nvfp4lib.layouts import to_permuted
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS, cute_unavailable
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.scaled_mm import HARDWARE_PATH, describe_path, gemv_scaled_mm_permuted
+from nvfp4lib.scaled_mm import HARDWARE_BACKEND, describe_backend, gemv_scaled_mm_permuted
 from nvfp4lib.submission_file import DIRECTIVE, PACKAGE
 
 TASK_IMPORT = "from task import input_t, output_t"
@@ -100,7 +100,9 @@ def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | No
 def build_path(name: str) -> tuple[str, Callable, bool]:
     """(description, kernel, takes signed scales) of one path a file may run: "cute_fast",
     "cute_naive", or "scaled_mm_permuted" (cuBLAS FP4 on Blackwell, its exact emulation elsewhere).
-    Raises RuntimeError saying why it cannot run here."""
+    Raises RuntimeError saying why it cannot run here. The exported file carries this function, not
+    `paths.PATHS` (whose builders would pull every path and peer into the file); the names and the
+    reasons are the registry's."""
     caps = capabilities()
     if name.startswith("cute_"):
         why_not = cute_unavailable(caps, caps.cuda)
@@ -112,8 +114,8 @@ def build_path(name: str) -> tuple[str, Callable, bool]:
         return f"CuTe DSL {variant!r} kernel for {caps.cute_arch} ({call})", runner, True
     if name != "scaled_mm_permuted":
         raise RuntimeError(f"{name!r} is not a path an exported file can fall back to")
-    how = describe_path("cuda" if caps.cuda else "cpu")
-    return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_PATH
+    how = describe_backend("cuda" if caps.cuda else "cpu")
+    return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_BACKEND
 
 
 def _one_line(err: BaseException) -> str:
@@ -567,7 +569,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         choices = ", ".join(spec.candidates) if spec.candidates else f"none: {path!r} has no fallback"
         raise ExportError(f"--fail-path {unknown[0]!r}: not a path of {path!r} (its paths: {choices})")
     generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
-    imports, code = inline_objects([spec.entry] + ([] if spec.candidates else [describe_path]), reserved=generated)
+    imports, code = inline_objects([spec.entry] + ([] if spec.candidates else [describe_backend]), reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.submission --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
@@ -587,13 +589,13 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
                  "BACKEND = KERNEL.description  # what runs (updated if the first call has to fall back)"]
         call = "KERNEL(data)"
     else:
-        setup = ["BACKEND = describe_path()  # probes the machine now, not inside the first timed call"]
+        setup = ["BACKEND = describe_backend()  # probes the machine now, not inside the first timed call"]
         call = _literal_call(spec.entry.__name__, "data", kwargs)
     tail = [
         f"# {'=' * 96}", "# The leaderboard entry point", f"# {'=' * 96}", "",
         *setup, "", "",
         "def custom_kernel(data: input_t) -> output_t:",
-        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0]: written into c (the last tensor) and returned ({path})."""',
+        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0], written into c and returned ({path})."""',
         f"    return {call}",
     ]
     source = "\n".join([

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from nvfp4lib import ptx_tools
+from nvfp4lib import device, ptx_tools
 from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
@@ -165,13 +165,14 @@ def test_too_old_dsl_is_refused_with_the_version(monkeypatch):
     monkeypatch.setattr(cute_ptx.cutlass, "__version__", "4.5.2")
     problem = cute_ptx.dsl_problem()
     assert "nvidia-cutlass-dsl 4.5.2 is too old" in problem and "4.6.0 or newer" in problem
+    assert device._probe_cute_dsl() is None  # so capabilities() reports no usable DSL and the paths skip
     monkeypatch.setattr(cute_gemv, "DSL_PROBLEM", problem)  # what cute_gemv read from cute_ptx at import
     with pytest.raises(RuntimeError, match="4.5.2 is too old"):
         cute_gemv.compile_gemv("fast", "sm_100a")
     for fine in ("4.6.0", "4.10.2", "@CUTLASS_IR_WHEEL_RELEASE_VERSION@"):
         monkeypatch.setattr(cute_ptx.cutlass, "__version__", fine)
         assert cute_ptx.dsl_problem() is None, fine
-    assert cute_ptx.MIN_CUTE_DSL == (4, 6, 0)
+    assert device.MIN_CUTE_DSL == (4, 6, 0)
 
 
 def test_missing_dsl_names_the_import_error(monkeypatch):

@@ -73,7 +73,7 @@ def test_variant_matches_reference(variant, shape, mode):
     out = _built(variant)(data)
     assert out is c, "the result must be written into the given c"
     _assert_matches(out, expected)
-    assert scaled_mm.last_path == scaled_mm.describe_path("cpu")
+    assert scaled_mm.last_backend == scaled_mm.describe_backend("cpu")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -89,8 +89,8 @@ def test_reference_check_agrees(variant):
 def test_cpu_path_is_reported_as_emulated():
     data, _ = _case(TEST_SHAPES[0], "full")
     scaled_mm.gemv_scaled_mm_permuted(data)
-    assert scaled_mm.last_path.startswith("emulated (")
-    assert scaled_mm.describe_path("cpu").startswith("emulated (")
+    assert scaled_mm.last_backend.startswith("emulated (")
+    assert scaled_mm.describe_backend("cpu").startswith("emulated (")
 
 
 @pytest.mark.parametrize("options", [dict(), dict(streams=2), dict(side_stream=True),
@@ -232,7 +232,7 @@ def test_cuda_emulation_matches_cpu(shape):
             continue
         poison_(data_gpu.c)
         _assert_matches(_built(variant)(data_gpu), expected)
-        assert scaled_mm.last_path == scaled_mm.describe_path("cuda")
+        assert scaled_mm.last_backend == scaled_mm.describe_backend("cuda")
 
 
 @pytest.mark.gpu
@@ -282,4 +282,4 @@ def test_hardware_matches_emulation(shape):
             continue
         poison_(data.c)
         _assert_matches(_built(variant)(data), expected)
-        assert scaled_mm.last_path == scaled_mm.HARDWARE_PATH
+        assert scaled_mm.last_backend == scaled_mm.HARDWARE_BACKEND

@@ -142,9 +142,9 @@ def hardware_against_models() -> str:
         unsigned = data._replace(**scales)
         poison_(unsigned.c)
         result = check(scaled_mm.gemv_scaled_mm_permuted(unsigned), unsigned)
-        ran = scaled_mm.last_path
+        ran = scaled_mm.last_backend
         lines.append(f"cuBLAS FP4 {shape} ({ran}), scales made non-negative: {result.message.splitlines()[0]}")
-        if not result.ok or ran != scaled_mm.HARDWARE_PATH:
+        if not result.ok or ran != scaled_mm.HARDWARE_BACKEND:
             problems.append(lines[-1])
     if problems:
         raise CheckFailed("\n".join(problems + ["", *lines]))
