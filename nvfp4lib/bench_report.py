@@ -16,6 +16,7 @@ time and the tables and figures label it "host-visible (older run)".
 from __future__ import annotations
 
 import csv
+import datetime
 import re
 from pathlib import Path
 from typing import Iterable
@@ -23,9 +24,9 @@ from typing import Iterable
 from nvfp4lib.bench import cell_text, gbps, geomean, percent, text_table
 from nvfp4lib.ceilings import best_reads, percent_of_read
 from nvfp4lib.contract import Shape
-from nvfp4lib.device import Capabilities, capabilities
+from nvfp4lib.device import Capabilities, capabilities, environment_report
 from nvfp4lib.harness import MEASURES
-from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR
+from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
 
 BENCH_DIR = BUILD_DIR / "bench"
@@ -66,6 +67,14 @@ def device_slug(caps: Capabilities | None = None) -> str:
         return "cpu"
     name = re.sub(r"^nvidia\s+", "", caps.name.strip().lower())
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-") or "gpu"
+
+
+def context_fields(caps: Capabilities, quick: bool) -> dict:
+    """The columns every row of a benchmark CSV repeats: how it was timed, where, when, what code."""
+    env = environment_report()
+    return {"timing": "cuda-events" if caps.cuda else "wall", "device_slug": device_slug(caps), "quick": quick,
+            "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
+            **{f"env_{f}": env.get(f) for f in ENV_FIELDS}}
 
 
 def shape_text(row: dict) -> str:

@@ -24,7 +24,7 @@ import dataclasses
 import sys
 
 from nvfp4lib.bench import cell_text
-from nvfp4lib.bench_report import write_csv
+from nvfp4lib.bench_report import context_fields, write_csv
 from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.cute_gemv import CuteGemv, FastConfig
 from nvfp4lib.device import capabilities
@@ -163,8 +163,6 @@ def main(argv=None) -> int:
     rows = [row for flush in args.flush for row in time_all(kernels, BENCHMARK_SHAPES, reps=args.reps, flush=flush,
                                                             reads=reads)]
     if args.csv:
-        from nvfp4lib.suite import context_fields  # the suite's CSV context (its imports are needed only here)
-
         context = context_fields(caps, quick=False)
         write_csv([dict(context, **row) for row in reads + rows], args.csv)
         print(f"wrote {args.csv}")

@@ -37,7 +37,7 @@ from typing import Callable
 
 import torch
 
-from nvfp4lib.contract import shape_of
+from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name, cute_unavailable, fallback_paths
 
@@ -183,7 +183,7 @@ class Dispatcher:
 
     def explain(self, data) -> Decision:
         """Which path `custom_kernel(data)` runs for these inputs, and why."""
-        return self.choose(shape_of(data), on_cuda=data[0].is_cuda)
+        return self.choose(shape_of(data), on_cuda=first_tensor(data).is_cuda)
 
     def decisions(self) -> dict:
         """The choices made so far: (a.shape, on_cuda) -> Decision."""
@@ -210,7 +210,7 @@ class Dispatcher:
         return self._built[name]
 
     def _plan(self, data, key) -> Callable:
-        on_cuda = data[0].is_cuda
+        on_cuda = key[1]
         decision = self.choose(shape_of(data), on_cuda=on_cuda)
         why_not = PATHS[decision.path].unavailable(capabilities(), on_cuda)
         if why_not is not None:
@@ -233,11 +233,8 @@ class Dispatcher:
 
     def __call__(self, data) -> torch.Tensor:
         """c = A @ B per batch, written into the c of `data` and returned."""
-        try:
-            key = (data[0].shape, data[0].is_cuda)
-        except (TypeError, AttributeError, IndexError, KeyError):
-            shape_of(data)  # raises the NVFP4InputError that names what is wrong
-            raise
+        a = first_tensor(data)
+        key = (a.shape, a.is_cuda)
         run = self._plans.get(key)
         if run is None:
             run = self._plan(data, key)

@@ -67,13 +67,13 @@ from nvfp4lib.bench import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geo
                             text_table)
 from nvfp4lib.contract import NAMES, Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.harness import CheckFailed, RANKED_SEED_STEP, combine_seed
+from nvfp4lib.locations import PACKAGE_DIR
+from nvfp4lib.harness import CheckFailed, RANKED_SEED_STEP, check_integer, combine_seed
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.reference import check, poison_
 from nvfp4lib.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, SubmissionError, TASK_SOURCE, has_directive,
                                       load_submission, read_submission)  # noqa: F401 - part of this module's interface
 
-PACKAGE_DIR = Path(__file__).resolve().parent
 PHASES = {"test": ("test",), "benchmark": ("benchmark",), "ranked": ("ranked",), "both": ("test", "benchmark"),
           "all": ("test", "benchmark", "ranked")}  # a mode's phases, each in a fresh process
 MODES = tuple(PHASES)
@@ -772,15 +772,6 @@ class Report:
         return (f"PASSED: {sum(c.ok for c in self.cases)} checks"
                 + (f" and {checked} ranked results" if checked else "")
                 + (f"; leaderboard time (mean), geomean: {', '.join(timed)}" if timed else ""))
-
-
-def check_integer(name: str, value, low: int, high: int | None = None) -> int:
-    """`value` if it is an integer from `low` to `high`, else a ValueError naming the argument."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
-            low <= value and (high is None or value <= high)):
-        expected = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name}: expected an integer {expected}, got {value!r}")
-    return int(value)
 
 
 def check_seconds(name: str, value) -> float:

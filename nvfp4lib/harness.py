@@ -65,9 +65,12 @@ class Case(NamedTuple):
         return Shape(self.m, self.k, self.l)
 
 
-def _non_negative_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+def check_integer(name: str, value, low: int, high: int | None = None) -> int:
+    """`value` if it is an integer from `low` to `high`, else a ValueError naming the argument."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
+            low <= value and (high is None or value <= high)):
+        expected = f"from {low} to {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name}: expected an integer {expected}, got {value!r}")
     return int(value)
 
 
@@ -75,7 +78,7 @@ def combine_seed(seed: int, secret: int) -> int:
     """A case's seed with the secret seed mixed in, as the leaderboard mixes them: the Cantor
     pairing (seed + secret)(seed + secret + 1)/2 plus `seed`. A large secret gives a large seed
     whatever the small public one is, and different pairs never give the same seed."""
-    seed, secret = _non_negative_int("seed", seed), _non_negative_int("secret_seed", secret)
+    seed, secret = check_integer("seed", seed, 0), check_integer("secret_seed", secret, 0)
     total = seed + secret
     return seed + total * (total + 1) // 2
 
@@ -84,7 +87,7 @@ def benchmark_cases(shapes: Iterable = BENCHMARK_SHAPES, seed: int = LEADERBOARD
                     secret_seed: int | None = None) -> list[Case]:
     """The cases of `shapes`, all with `seed` (the leaderboard's task file uses one seed for
     all), the secret seed mixed in when given."""
-    seed = _non_negative_int("seed", seed) if secret_seed is None else combine_seed(seed, secret_seed)
+    seed = check_integer("seed", seed, 0) if secret_seed is None else combine_seed(seed, secret_seed)
     if seed > MAX_SEED:
         raise ValueError(f"secret_seed: expected a value that keeps the combined seed <= 2**64 - 1, got {secret_seed}")
     return [Case(*Shape(*s), seed) for s in shapes]

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import fnmatch
 import gc
 import sys
@@ -33,14 +32,13 @@ from typing import Callable, Iterable
 import torch
 
 from nvfp4lib.bench import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
-from nvfp4lib.bench_report import (BENCH_DIR, CPU_NOTE, ENV_FIELDS, device_slug, load_results, make_figures,
+from nvfp4lib.bench_report import (BENCH_DIR, CPU_NOTE, context_fields, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
 from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.contract import Shape, shape_of
-from nvfp4lib.device import Capabilities, capabilities, environment_report
+from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
 from nvfp4lib.harness import check_bound, describe_error, measure as measure_timings, timing_fields
-from nvfp4lib.locations import checkout_commit
 from nvfp4lib.paths import GemvPath, PATHS
 from nvfp4lib.plots import declare_mode
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
@@ -87,10 +85,6 @@ def _once(factory: Callable) -> Callable:
         return value
 
     return get
-
-
-def _call(fn: Callable) -> Callable:
-    return lambda data: (lambda: fn(data))
 
 
 def _bench_path(path: GemvPath) -> BenchPath:
@@ -268,14 +262,6 @@ def _add_ceilings(row: dict, copy: float, reads: list[dict]) -> None:
     for mode in ("kernel", "leaderboard"):
         row[f"{mode}_pct_of_copy"] = percent(row[f"{mode}_gbps"], copy)
     row.update(percent_of_read(row, reads))
-
-
-def context_fields(caps: Capabilities, quick: bool) -> dict:
-    """The columns every row of a benchmark CSV repeats: how it was timed, where, when, what code."""
-    env = environment_report()
-    return {"timing": "cuda-events" if caps.cuda else "wall", "device_slug": device_slug(caps), "quick": quick,
-            "date": datetime.date.today().isoformat(), "commit": checkout_commit(),
-            **{f"env_{f}": env.get(f) for f in ENV_FIELDS}}
 
 
 def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterable[str] | None = None,

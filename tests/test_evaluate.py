@@ -18,11 +18,12 @@ import torch
 from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             summarize)
 from nvfp4lib.contract import Shape
-from nvfp4lib.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, PACKAGE_DIR, Report,
+from nvfp4lib.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, Report,
                                SubmissionProcess, check_secret_seed, data_seed, evaluate, format_bench_table,
                                import_isolated, main, run_benchmarks, run_tests, seed_of_benchmark, seed_of_test,
                                stopping_rules)
 from nvfp4lib.harness import RANKED_SEED_STEP, combine_seed
+from nvfp4lib.locations import PACKAGE_DIR
 from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
 
