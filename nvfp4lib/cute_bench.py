@@ -13,8 +13,9 @@ judged: "% of best read" is the best read's time as a percentage of the kernel's
 
 Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
 ``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
-`FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``
-(`kernel_name`). These names are the rows' ``path`` in the CSV.
+`FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``, or
+``cute_tiled[...]`` for the tiled kernel's `TiledConfig` (`kernel_name`). These names are the rows'
+``path`` in the CSV.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sys
 from nvfp4lib.bench import cell_text
 from nvfp4lib.bench_report import context_fields, write_csv
 from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
-from nvfp4lib.cute_gemv import CuteGemv, FastConfig
+from nvfp4lib.cute_gemv import CuteGemv, FastConfig, TiledConfig
 from nvfp4lib.device import capabilities
 from nvfp4lib.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
@@ -34,14 +35,32 @@ from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
 
 
-def parse_config(text: str) -> FastConfig:
-    """'RxWxU[xB][-perm][-loads][-DECODE][-pfN][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...).
+def parse_tiled_config(text: str) -> TiledConfig:
+    """'tRxWxN[-loads][-DECODE][:QUALIFIERS]' -> TiledConfig(rows_per_block=R, warps_per_block=W,
+    chunks_per_step=N, ...): the tiled kernel."""
+    try:
+        text, _, a_load = text.partition(":")
+        flags = text.split("-")
+        rows, warps, chunks = (int(v) for v in flags[0][1:].lower().split("x"))
+        decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
+        cfg = TiledConfig(rows, warps, chunks, compute="loads" not in flags, decode=decode[-1] if decode else "auto",
+                          **({"a_load": a_load} if a_load else {}))
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"--configs: expected tRxWxN such as t32x8x2, got {text!r} ({err})") from None
+    return cfg
+
+
+def parse_config(text: str) -> FastConfig | TiledConfig:
+    """'RxWxU[xB][-perm][-loads][-DECODE][-pfN][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...); a text
+    starting with "t" is a tiled config (`parse_tiled_config`).
 
     -perm reads the permuted scales; -loads times the loads alone (no decode, no math:
     wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode; -pfN prefetches
     the A rows N steps ahead into L2;
     :QUALIFIERS sets the PTX qualifiers of the A loads, e.g. ':.nc' or ':.L2::256B'.
     """
+    if text.startswith("t"):
+        return parse_tiled_config(text)
     try:
         text, _, a_load = text.partition(":")
         flags = text.split("-")
@@ -58,17 +77,17 @@ def parse_config(text: str) -> FastConfig:
     return cfg
 
 
-def kernel_name(variant: str, cfg: FastConfig | None = None) -> str:
+def kernel_name(variant: str, cfg: FastConfig | TiledConfig | None = None) -> str:
     """The kernel's name: "cute_naive"; "cute_fast" for the per-K default config (``cfg=None``); else
-    "cute_fast[...]" with the fields of ``cfg`` that differ from `FastConfig`'s defaults, in the order
-    of its fields ("cute_fast[]": FastConfig() itself)."""
+    "cute_fast[...]" (a `FastConfig`) or "cute_tiled[...]" (a `TiledConfig`) with the fields of ``cfg``
+    that differ from its class's defaults, in the order of its fields ("cute_fast[]": FastConfig() itself)."""
     if variant == "naive":
         return "cute_naive"
     if cfg is None:
         return "cute_fast"
     changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
                if getattr(cfg, field.name) != field.default]
-    return f"cute_fast[{','.join(changed)}]"
+    return f"cute_{'tiled' if isinstance(cfg, TiledConfig) else 'fast'}[{','.join(changed)}]"
 
 
 def variants(configs):
@@ -139,7 +158,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU..., or 'default'")
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),

@@ -124,6 +124,20 @@ def decode_b_word_lut(word):
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
 
 
+def decode_b_word_as(word, decode: str):
+    """8 E2M1 codes of B -> the 4 words that ``decode``'s block dot takes: signed bytes and their
+    negation ("lut", `decode_b_word_lut`), else 4 half2 (`decode_b_word`)."""
+    return decode_b_word_lut(word) if decode == "lut" else decode_b_word(word, decode == "hw")
+
+
+def chunk_dots(a_words, b_dec, decode: str):
+    """The two 16-element block sums of a 16-byte chunk: 4 words of A against 16 words of B decoded by
+    `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums)."""
+    if decode == "lut":
+        return block_dot_lut(a_words[0:2], b_dec[0:8]), block_dot_lut(a_words[2:4], b_dec[8:16])
+    return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+
+
 def block_dot_lut(a_words, b_bytes):
     """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32.
 

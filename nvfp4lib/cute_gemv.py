@@ -9,8 +9,8 @@ arithmetic lives in `nvfp4lib.cute_decode`, the PTX instructions under it (loads
 ``prmt``, ``dp4a``) in `nvfp4lib.cute_ptx`; this module holds what the kernels do with them.
 Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 
-The fast kernel gives each warp ``rows_per_warp`` rows of one batch at a time (a "row
-group"; warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes,
+Two fast kernels, picked per K by ``default_config``. The fast kernel proper gives each warp
+``rows_per_warp`` rows of one batch at a time (a "row group"; warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes,
 two 16-element scale blocks), so every load of A is a 128-bit load and one warp-instruction
 reads 512 contiguous bytes of a row. B is decoded once per chunk and reused for all rows of
 the warp. The loads of the next step are issued before the math of the current one. Each
@@ -19,7 +19,9 @@ the warp. The loads of the next step are issued before the math of the current o
 over the warp with shuffles, and written as fp16. The tile shape is chosen per K
 (``default_config``). By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes
 per warp load); the permuted tensor-core layout is an option, slower for this access pattern
-(docs/cute_kernel_notes.md).
+(docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a tile of consecutive
+rows of one batch, decodes that batch's B once into shared memory, and lets each warp stream its rows
+in address order, running on from one row into the next, so no step computes on padding whatever K.
 
 The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an older or
 missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
@@ -42,15 +44,20 @@ import torch
 from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
                                permuted_strides, plain_strides, validate_gemv_input)
-from nvfp4lib.cute_decode import (block_dot, block_dot_lut, decode_b_word, decode_b_word_lut, decode_factor,
-                                  decode_word_bitops, decode_word_hw)
+from nvfp4lib.cute_decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
+                                  decode_word_hw)
 from nvfp4lib.cute_ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if,
-                               prefetch_l2_if)
+                               ld_shared_v2_f32, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2_f32,
+                               st_shared_v4)
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
+MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; the tiled configs and cute_bench's keep to it too
+MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
+"""Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
+size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
 
 
 @dataclass(frozen=True)
@@ -107,26 +114,18 @@ def _stage_snapshot(stage):
 
 
 def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str):
-    """acc[r] += the dot products of chunk u of one step (``block_dot`` / ``block_dot_lut``)."""
+    """acc[r] += the dot products of chunk u of one step (``cute_decode.chunk_dots``)."""
     a, sfa, b, sfb = values
     b_dec = []
     for w in range(4):
-        if cutlass.const_expr(decode == "lut"):
-            b_dec.extend(decode_b_word_lut(b[4 * u + w]))
-        else:
-            b_dec.extend(decode_b_word(b[4 * u + w], decode == "hw"))
+        b_dec.extend(decode_b_word_as(b[4 * u + w], decode))
     factor = decode_factor(decode)
     sb0, sb1 = e4m3x2_to_f32(sfb[u])
     sb0, sb1 = sb0 * factor, sb1 * factor
     for r in range(rows):
         words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
         sa0, sa1 = e4m3x2_to_f32(sfa[r * unroll + u])
-        if cutlass.const_expr(decode == "lut"):
-            d0 = block_dot_lut(words[0:2], b_dec[0:8])
-            d1 = block_dot_lut(words[2:4], b_dec[8:16])
-        else:
-            d0 = block_dot(words[0:2], b_dec[0:8], decode == "hw")
-            d1 = block_dot(words[2:4], b_dec[8:16], decode == "hw")
+        d0, d1 = chunk_dots(words, b_dec, decode)
         acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
 
 
@@ -254,6 +253,138 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
     return kernel
 
 
+# --------------------------------------------------------------------------- tiled kernel
+
+
+TILED_B_WORDS = 16  # decoded B words per 16-byte chunk: 4 per word of 8 codes
+TILED_SMEM_BYTES_PER_CHUNK = TILED_B_WORDS * 4 + 8  # and B's two block scales, times DECODE_FACTOR, as fp32
+STATIC_SMEM_BYTES = 48 * 1024  # shared memory a kernel may declare statically
+
+
+@dataclass(frozen=True)
+class TiledConfig:
+    """Compile-time shape of the tiled kernel (one compiled variant per config).
+
+    A block owns ``rows_per_block`` consecutive rows of one batch (contiguous bytes of A) and
+    decodes that batch's B once into shared memory; each warp streams its share of the rows in
+    address order, ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
+    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is
+    sized for it at compile time.
+    """
+
+    rows_per_block: int = 32
+    warps_per_block: int = 8
+    chunks_per_step: int = 2
+    max_k: int = 16384
+    compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
+    a_load: str = ".nc.L1::no_allocate"
+    decode: str = "auto"
+
+    def __post_init__(self):
+        if self.warps_per_block < 1 or MAX_ROWS_PER_BLOCK % self.rows_per_block or \
+                self.rows_per_block % self.warps_per_block:
+            raise ValueError(f"rows_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} and a multiple of "
+                             f"warps_per_block, got {self.rows_per_block} rows, {self.warps_per_block} warps")
+        if self.chunks_per_step < 1:
+            raise ValueError(f"chunks_per_step: expected >= 1, got {self.chunks_per_step}")
+        if self.max_k < 64 or self.max_k % 64 or self.max_k // 32 * TILED_SMEM_BYTES_PER_CHUNK > STATIC_SMEM_BYTES:
+            raise ValueError(f"max_k: expected a multiple of 64 whose decoded B fits {STATIC_SMEM_BYTES} bytes of "
+                             f"shared memory ({TILED_SMEM_BYTES_PER_CHUNK} per 32 codes), got {self.max_k}")
+
+    @property
+    def rows_per_warp(self) -> int:
+        return self.rows_per_block // self.warps_per_block
+
+
+def _tile_loads(stage, a_base, sfa_base, kh, row, seg, segs, n_chunks, lane, cfg: TiledConfig):
+    """Issue one step's loads: the next ``chunks_per_step`` 32-chunk segments of the warp's rows,
+    from segment ``seg`` of row ``row`` on; returns where the next step starts."""
+    a_buf, sfa_buf = stage
+    for u in range(cfg.chunks_per_step):
+        col = seg * 32 + lane
+        ok = (row < cfg.rows_per_warp) & (col < n_chunks)
+        words = ld_global_v4_if(a_base + (row * kh + col * 16), ok, cfg.a_load)
+        for i in range(4):
+            a_buf[4 * u + i] = words[i]
+        sfa_buf[u] = ld_global_u16_if(sfa_base + (row * (kh // 8) + col * 2), ok)
+        wrap = Int32(seg + 1 == segs)
+        seg, row = seg + 1 - wrap * segs, row + wrap
+    return row, seg
+
+
+def make_tiled_kernel(cfg: TiledConfig, decode: str):
+    """The tiled kernel for one config and FP4 decode (``resolve_decode``), to launch or compile."""
+    W, N, RW = cfg.warps_per_block, cfg.chunks_per_step, cfg.rows_per_warp
+    max_chunks = cfg.max_k // 32
+    threads = 32 * W
+
+    @cute.kernel
+    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
+        """B's batch decoded into shared memory once; then each warp walks its rows' segments of
+        32 chunks (512 bytes) in address order, loading step t + 1 before computing step t."""
+        tidx = cute.arch.thread_idx()[0]
+        lane, warp = tidx % 32, tidx // 32
+        m_rows, kh = a.shape[0], a.shape[1]
+        n_chunks = kh // 16
+        segs = (n_chunks + 31) // 32
+        row0 = cute.arch.block_idx()[0] * cfg.rows_per_block  # flat row over (L, M)
+        batch = row0 // m_rows
+        m0 = row0 - batch * m_rows + warp * RW
+        a_base = a.iterator + Int64(row0 + warp * RW) * Int64(kh)
+        sfa_base = sfa.iterator + Int64(row0 + warp * RW) * Int64(kh // 8)
+        n_steps = (RW * segs + N - 1) // N
+
+        stage = (cute.make_rmem_tensor((4 * N,), Int32), cute.make_rmem_tensor((N,), cutlass.Int16))
+        load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, Int32(0), Int32(0), segs, n_chunks, lane, cfg)
+
+        smem = smem_allocator()
+        b_addr = smem.allocate_array(Int32, TILED_B_WORDS * max_chunks, byte_alignment=16).toint()
+        s_addr = smem.allocate_array(Float32, 2 * max_chunks, byte_alignment=16).toint()
+        if cutlass.const_expr(cfg.compute):
+            b_row = b.iterator + Int64(batch) * Int64(B_ROWS * kh)
+            sfb_row = sfb.iterator + Int64(batch) * Int64(B_ROWS * (kh // 8))
+            factor = decode_factor(decode)
+            for i in range((n_chunks + threads - 1 - tidx) // threads):
+                col = tidx + i * threads
+                words = ld_global_v4_if(b_row + col * 16, 1, ".nc")
+                sb0, sb1 = e4m3x2_to_f32(ld_global_u16_if(sfb_row + col * 2, 1))
+                for w in cutlass.range_constexpr(4):
+                    st_shared_v4(b_addr + (w * max_chunks + col) * 16, decode_b_word_as(words[w], decode))
+                st_shared_v2_f32(s_addr + col * 8, sb0 * factor, sb1 * factor)
+            cute.arch.sync_threads()
+
+        acc = Float32(0.0)
+        row, seg = Int32(0), Int32(0)
+        for _ in range(n_steps):
+            a_now, sfa_now = _stage_snapshot(stage)
+            load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, load_row, load_seg, segs, n_chunks, lane,
+                                             cfg)
+            for u in cutlass.range_constexpr(N):
+                if cutlass.const_expr(cfg.compute):
+                    col = cutlass.min(seg * 32 + lane, n_chunks - 1)  # past the row's end A is zero; B stays finite
+                    b_dec = []
+                    for w in cutlass.range_constexpr(4):
+                        b_dec.extend(ld_shared_v4(b_addr + (w * max_chunks + col) * 16))
+                    sb0, sb1 = ld_shared_v2_f32(s_addr + col * 8)
+                    sa0, sa1 = e4m3x2_to_f32(sfa_now[u])
+                    d0, d1 = chunk_dots(a_now[4 * u:4 * u + 4], b_dec, decode)
+                    acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
+                else:
+                    x = Int32(sfa_now[u])
+                    for i in cutlass.range_constexpr(4):
+                        x = x ^ a_now[4 * u + i]
+                    acc = acc + Float32(x)
+                if seg == segs - 1:  # the row is complete: reduce over the warp, write, reset
+                    total = cute.arch.warp_reduction_sum(acc)
+                    if lane == 0 and row < RW:
+                        c[m0 + row, 0, batch] = total.to(Float16)
+                    acc = Float32(0.0)
+                wrap = Int32(seg + 1 == segs)
+                seg, row = seg + 1 - wrap * segs, row + wrap
+
+    return kernel
+
+
 # --------------------------------------------------------------------------- naive kernel
 
 
@@ -321,23 +452,25 @@ def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permut
     return a, b, sfa, sfb, c
 
 
-def _reads_permuted(variant: str, cfg: FastConfig | None) -> bool:
+def _reads_permuted(variant: str, cfg: FastConfig | TiledConfig | None) -> bool:
     """Which scales a compiled kernel reads: the naive one (and -perm configs) the permuted ones."""
-    return variant == "naive" or (cfg is not None and cfg.permuted_scales)
+    return variant == "naive" or (isinstance(cfg, FastConfig) and cfg.permuted_scales)
 
 
 WIDE = FastConfig()  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
 TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
+TILED = TiledConfig()  # 32 rows per block of 8 warps, B decoded into shared memory, 2 chunks per lane in flight
 
 
-def default_config(k: int) -> FastConfig:
+def default_config(k: int) -> FastConfig | TiledConfig:
     """The fast kernel's config for this K, as measured best on the H200.
 
     WIDE reads longer runs of each row, which the memory system serves better, but a step
     covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224
-    chunks, 3.5 steps) its last step computes on zeros, and TALL is faster there.
+    chunks, 3.5 steps) its last step computes on zeros. There the tiled kernel, whose warps
+    run on from one row into the next, is faster (up to TILED.max_k; WIDE beyond).
     """
-    return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 else TALL
+    return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 or k > TILED.max_k else TILED
 
 
 def sm_count() -> int:
@@ -369,9 +502,11 @@ def has_tvm_ffi() -> bool:
     return True
 
 
-def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig = FastConfig(), options: str = "",
-                 tvm_ffi: bool | None = None):
+def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
+                 options: str = "", tvm_ffi: bool | None = None):
     """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
+
+    "fast" builds the fast kernel of a `FastConfig` or the tiled kernel of a `TiledConfig`.
 
     ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them). ``tvm_ffi``: compile
     for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
@@ -386,7 +521,11 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     if arch is None:
         raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
     decode = resolve_decode(arch, cfg.decode)
-    if variant == "fast":
+    if variant == "fast" and isinstance(cfg, TiledConfig):
+        kernel = make_tiled_kernel(cfg, decode)
+        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
+        max_blocks = 1 << 30  # a block per tile
+    elif variant == "fast":
         kernel = make_fast_kernel(cfg, decode)
         threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
         max_blocks = sm_count() * cfg.blocks_per_sm
@@ -410,10 +549,6 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
                         options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
 
 
-MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; cute_bench's configs keep rows_per_block <= 128 too
-MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
-"""Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
-size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
 
 
 def check_launch_bounds(shape) -> None:
@@ -454,19 +589,19 @@ def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
         return getattr(compile_gemv(variant, arch, cfg, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
 
 
-def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> str:
+def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig = FastConfig()) -> str:
     """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed)."""
     return _compile_artifact(variant, arch, cfg, "ptx")
 
 
-def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig = FastConfig()) -> bytes:
+def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig = FastConfig()) -> bytes:
     """The machine code (cubin) of one variant for ``arch``, compiled on any machine."""
     cubin = _compile_artifact(variant, arch, cfg, "cubin")
     return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
 
 
 @functools.cache
-def _compiled(variant: str, arch: str, cfg: FastConfig, tvm_ffi: bool):
+def _compiled(variant: str, arch: str, cfg: FastConfig | TiledConfig, tvm_ffi: bool):
     return compile_gemv(variant, arch, cfg, tvm_ffi=tvm_ffi)
 
 
@@ -487,14 +622,14 @@ class CuteGemv:
         self.tvm_ffi = has_tvm_ffi()
         # Compiled now, not inside a timed or captured call. Without a GPU nothing is
         # compiled; a call then fails validation, naming the argument.
-        configs = [cfg] if cfg is not None else [WIDE, TALL] if variant == "fast" else [FastConfig()]
+        configs = [cfg] if cfg is not None else [WIDE, TILED] if variant == "fast" else [FastConfig()]
         if caps.cuda and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
         self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs} if caps.cuda else {}
         self._prepared = TupleCache(cache_entries)
 
-    def config_for(self, k: int) -> FastConfig:
+    def config_for(self, k: int) -> FastConfig | TiledConfig:
         """The config a call with this K runs."""
         if self.cfg is not None:
             return self.cfg
@@ -506,6 +641,10 @@ class CuteGemv:
     def _arguments(self, data):
         shape = validate_gemv_input(data, device="cuda")
         check_launch_bounds(shape)
+        cfg = self.config_for(shape.k)
+        if isinstance(cfg, TiledConfig) and shape.k > cfg.max_k:
+            raise NVFP4InputError(f"b: expected K <= {cfg.max_k} for the tiled kernel (B is decoded into shared "
+                                  f"memory), got K = {shape.k}")
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
         if c.device.index != torch.cuda.current_device():
             raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
@@ -514,7 +653,7 @@ class CuteGemv:
             sfa, sfb = sfa_p, sfb_p
         pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
         args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
-        return self._kernels[self.config_for(shape.k)], args, c.device.index, c
+        return self._kernels[cfg], args, c.device.index, c
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device, c = self._prepare(data)  # c is data's own: the cache keys on every tensor
@@ -531,7 +670,7 @@ def current_stream_handle(device: int) -> int:
 _runners: dict[tuple, CuteGemv] = {}
 
 
-def gemv_cute(data, variant: str = "fast", cfg: FastConfig | None = None, stream=None) -> torch.Tensor:
+def gemv_cute(data, variant: str = "fast", cfg: FastConfig | TiledConfig | None = None, stream=None) -> torch.Tensor:
     """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c.
 
     Kernels are compiled once per (variant, config) and kept; ``cfg=None`` picks the default

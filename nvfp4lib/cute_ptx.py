@@ -96,6 +96,59 @@ def prefetch_l2_if(ptr, nbytes, max_bytes: int, pred, *, loc=None, ip=None):
     )
 
 
+# --------------------------------------------------------------------------- shared memory
+# Addresses are 32-bit shared-window addresses (``Pointer.toint()`` of a shared-memory pointer).
+
+
+def smem_allocator():
+    """A static shared-memory allocator, called inside a kernel: ``cutlass.memory``'s where the DSL has
+    it (``cutlass.utils``' is deprecated there), ``cutlass.utils``' in older releases."""
+    memory = getattr(cutlass, "memory", None)
+    return (memory if memory is not None and hasattr(memory, "SmemAllocator") else cutlass.utils).SmemAllocator()
+
+
+@dsl_user_op
+def st_shared_v4(addr, words, *, loc=None, ip=None):
+    """128-bit store of 4 words to shared memory (``addr`` 16-byte aligned)."""
+    cute.arch.inline_ptx(
+        "st.shared.v4.u32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+        read_only_args=[Int32(addr), *[Int32(w) for w in words]],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_v4(addr, *, loc=None, ip=None):
+    """128-bit load of 4 words from shared memory (``addr`` 16-byte aligned)."""
+    return cute.arch.inline_ptx(
+        "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+        write_only_types=[Int32] * 4,
+        read_only_args=[Int32(addr)],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def st_shared_v2_f32(addr, x, y, *, loc=None, ip=None):
+    """64-bit store of two fp32 to shared memory (``addr`` 8-byte aligned)."""
+    cute.arch.inline_ptx(
+        "st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};",
+        read_only_args=[Int32(addr), Float32(x), Float32(y)],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_shared_v2_f32(addr, *, loc=None, ip=None):
+    """64-bit load of two fp32 from shared memory (``addr`` 8-byte aligned)."""
+    return cute.arch.inline_ptx(
+        "ld.shared.v2.f32 {{$w0}, {$w1}}, [{$r0}];",
+        write_only_types=[Float32, Float32],
+        read_only_args=[Int32(addr)],
+        loc=loc, ip=ip,
+    )
+
+
 # --------------------------------------------------------------------------- conversions
 
 

@@ -25,8 +25,10 @@ TARGETS = ("sm_90a", "sm_100a")
 
 @pytest.fixture(scope="module")
 def ptx():
-    """PTX of every (variant, target), compiled once; no GPU needed."""
-    return {(v, t): cute_gemv.compile_ptx(v, t) for v in ("naive", "fast") for t in TARGETS}
+    """PTX of every (variant, target), compiled once; no GPU needed. "tiled" is the fast variant with
+    the tiled kernel's default config (`cute_gemv.TILED`)."""
+    texts = {(v, t): cute_gemv.compile_ptx(v, t) for v in ("naive", "fast") for t in TARGETS}
+    return texts | {("tiled", t): cute_gemv.compile_ptx("fast", t, cute_gemv.TILED) for t in TARGETS}
 
 
 def _wide_global_loads(text):
@@ -34,24 +36,34 @@ def _wide_global_loads(text):
     return re.findall(r"ld\.global[\w.:]*\.v4\.[bfu]32", text) + re.findall(r"cp\.async[\w.:]*\.shared\.global \[[^]]+\], \[[^]]+\], 16", text)
 
 
-def test_blackwell_fast_kernel_uses_hardware_fp4_conversion(ptx):
-    assert ".target sm_100a" in ptx["fast", "sm_100a"]
-    assert "cvt.rn.f16x2.e2m1x2" in ptx["fast", "sm_100a"]
+@pytest.mark.parametrize("variant", ["fast", "tiled"])
+def test_blackwell_fast_kernels_use_hardware_fp4_conversion(ptx, variant):
+    assert ".target sm_100a" in ptx[variant, "sm_100a"]
+    assert "cvt.rn.f16x2.e2m1x2" in ptx[variant, "sm_100a"]
 
 
-@pytest.mark.parametrize("variant", ["naive", "fast"])
+@pytest.mark.parametrize("variant", ["naive", "fast", "tiled"])
 def test_hopper_build_has_no_fp4_instruction(ptx, variant):
     text = ptx[variant, "sm_90a"]
     assert ".target sm_90a" in text
     assert "e2m1" not in text
 
 
+@pytest.mark.parametrize("variant", ["fast", "tiled"])
 @pytest.mark.parametrize("target", TARGETS)
-def test_fast_kernel_reads_a_with_128_bit_loads(ptx, target):
-    assert len(_wide_global_loads(ptx["fast", target])) >= 2
+def test_fast_kernels_read_a_with_128_bit_loads(ptx, variant, target):
+    assert len(_wide_global_loads(ptx[variant, target])) >= 2
 
 
-@pytest.mark.parametrize("variant", ["naive", "fast"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_tiled_kernel_keeps_decoded_b_in_shared_memory(ptx, target):
+    """B decoded once per block: 128-bit shared stores, one barrier, then 128-bit shared loads per chunk."""
+    counts = ptx_tools.opcode_counts(ptx["tiled", target])
+    assert counts["st.shared.v4.u32"] >= 4 and counts["ld.shared.v4.u32"] >= 4 * cute_gemv.TILED.chunks_per_step
+    assert counts["bar.sync"] + counts["barrier.sync"] == 1, counts
+
+
+@pytest.mark.parametrize("variant", ["naive", "fast", "tiled"])
 @pytest.mark.parametrize("target", TARGETS)
 def test_no_local_memory(ptx, variant, target):
     assert not re.search(r"\.local\b|ld\.local|st\.local", ptx[variant, target])
@@ -68,14 +80,30 @@ def test_machine_code_has_no_spills_and_fits_the_grid(config, target):
     assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * cfg.blocks_per_sm), resources
 
 
-def test_hopper_fast_kernel_decodes_with_a_register_lookup(ptx):
+TILED_BLOCKS_PER_SM = 4  # resident tiled blocks per SM that the measured configs had at least
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_tiled_machine_code_has_no_spills_and_keeps_four_blocks_per_sm(target):
+    """The tiled kernel's grid is a block per tile; at least 4 blocks of 8 warps must fit an SM by
+    registers (65536 per SM) and by shared memory (B decoded for max_k, at most 48 KB per block)."""
+    cfg = cute_gemv.TILED
+    resources = ptx_tools.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
+    assert resources["frame_bytes"] == 0, resources
+    assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * TILED_BLOCKS_PER_SM), resources
+    smem = cfg.max_k // 32 * cute_gemv.TILED_SMEM_BYTES_PER_CHUNK
+    assert smem <= cute_gemv.STATIC_SMEM_BYTES and TILED_BLOCKS_PER_SM * smem <= 227 * 1024
+
+
+@pytest.mark.parametrize("variant", ["fast", "tiled"])
+def test_hopper_fast_kernels_decode_with_a_register_lookup(ptx, variant):
     """The default sm_90a decode: prmt looks codes up in a table held in two immediates, dp4a multiplies."""
-    text = ptx["fast", "sm_90a"]
+    text = ptx[variant, "sm_90a"]
     assert cute_gemv.resolve_decode("sm_90a") == "lut"
     assert "dp4a.s32.s32" in text
     table = re.findall(r"prmt\.b32\s+%r\d+, (\d+), (\d+), %r\d+;", text)
     assert table and set(table) == {(str(cute_decode.LUT_LO), str(cute_decode.LUT_HI))}
-    assert "dp4a" not in ptx["fast", "sm_100a"]
+    assert "dp4a" not in ptx[variant, "sm_100a"]
 
 
 OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the instruction it emits
@@ -90,11 +118,16 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
     "prmt_table": ("fast", "sm_90a", "prmt.b32"),
     "dp4a": ("fast", "sm_90a", "dp4a.s32.s32"),
     "prefetch_l2_if": ("fast prefetch=1", "sm_90a", "cp.async.bulk.prefetch.L2.global"),
+    "st_shared_v4": ("tiled", "sm_90a", "st.shared.v4.u32"),
+    "ld_shared_v4": ("tiled", "sm_90a", "ld.shared.v4.u32"),
+    "st_shared_v2_f32": ("tiled", "sm_90a", "st.shared.v2.f32"),
+    "ld_shared_v2_f32": ("tiled", "sm_90a", "ld.shared.v2.f32"),
 }
 
 
 def _ptx_of(ptx, variant: str, target: str) -> str:
-    """The PTX of "naive", "fast", or "fast <field>=<int>" (the default fast config with one field changed)."""
+    """The PTX of "naive", "fast", "tiled", or "fast <field>=<int>" (the default fast config with one
+    field changed)."""
     if " " not in variant:
         return ptx[variant, target]
     field, value = variant.split(" ")[1].split("=")
@@ -119,18 +152,26 @@ def test_bitops_decode_compiles_for_hopper():
 def test_config_is_validated():
     with pytest.raises(ValueError, match="variant"):
         cute_gemv.compile_gemv("fastest", "sm_90a")
+    with pytest.raises(ValueError, match="rows_per_block: expected a divisor of 128 and a multiple of warps_per_block"):
+        cute_gemv.TiledConfig(rows_per_block=24)
+    with pytest.raises(ValueError, match="rows_per_block"):
+        cute_gemv.TiledConfig(rows_per_block=4, warps_per_block=8)
+    with pytest.raises(ValueError, match="chunks_per_step: expected >= 1, got 0"):
+        cute_gemv.TiledConfig(chunks_per_step=0)
+    with pytest.raises(ValueError, match="max_k: expected a multiple of 64 whose decoded B fits 49152 bytes"):
+        cute_gemv.TiledConfig(max_k=32768)
     with pytest.raises(ValueError, match="decode.*sm_100a or newer"):
         cute_gemv.compile_gemv("fast", "sm_90a", cute_gemv.FastConfig(decode="hw"))
     with pytest.raises(ValueError, match="decode"):
         cute_gemv.resolve_decode("sm_90a", "table")
 
 
-@pytest.mark.parametrize("k, expected", [(16384, "WIDE"), (2048, "WIDE"), (7168, "TALL"), (256, "TALL")])
+@pytest.mark.parametrize("k, expected", [(16384, "WIDE"), (2048, "WIDE"), (7168, "TILED"), (256, "TILED"),
+                                         (16448, "WIDE")])
 def test_default_config_fills_whole_steps(k, expected):
-    """WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is not a multiple of 64, TALL."""
-    cfg = cute_gemv.default_config(k)
-    assert cfg == getattr(cute_gemv, expected)
-    assert (k // 32) % (32 * cfg.unroll) == 0 or cfg.unroll == 1
+    """WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is not a multiple of 64, the tiled
+    kernel (its warps run on into the next row), up to the K its shared memory holds."""
+    assert cute_gemv.default_config(k) == getattr(cute_gemv, expected)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
@@ -143,6 +184,8 @@ def test_cpu_call_gives_clear_error():
 KERNELS = {  # name -> (variant, config); None is the per-K default
     "naive": ("naive", None), "fast": ("fast", None),
     "fast-wide-bitops": ("fast", cute_gemv.FastConfig(decode="bitops")), "fast-tall": ("fast", cute_gemv.TALL),
+    "fast-wide": ("fast", cute_gemv.WIDE), "tiled-16x8x4": ("fast", cute_gemv.TiledConfig(16, 8, 4)),
+    "tiled-bitops": ("fast", cute_gemv.TiledConfig(decode="bitops")),
 }
 
 
@@ -234,3 +277,11 @@ def test_largest_supported_shapes_pass_the_bound_check():
     cute_gemv.check_launch_bounds(Shape(128, 2**25 - 64, 1))
     for shape in BENCHMARK_SHAPES + TEST_SHAPES:
         cute_gemv.check_launch_bounds(shape)
+
+
+def test_tiled_kernel_refuses_a_k_beyond_its_shared_memory(monkeypatch):
+    """B is decoded into shared memory sized for max_k at compile time: a longer K is refused by name."""
+    monkeypatch.setattr(cute_gemv, "validate_gemv_input", lambda data, device: Shape(128, 16448, 1))
+    with pytest.raises(NVFP4InputError, match="b: expected K <= 16384 for the tiled kernel.*got K = 16448"):
+        cute_gemv.CuteGemv("fast", cute_gemv.TILED)._arguments(generate_input(128, 256, 1))
+    assert cute_gemv.default_config(16448) == cute_gemv.WIDE  # the default never asks it to

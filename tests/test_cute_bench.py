@@ -66,6 +66,16 @@ def test_kernel_names_follow_the_package_scheme():
     assert name("fast", cute_bench.parse_config("8x4x1x4-lut")) == "cute_fast[rows_per_warp=8,unroll=1,decode=lut]"
     assert name("fast", cute_bench.parse_config("4x4x2x4-perm-loads:.nc")) == \
         "cute_fast[compute=False,a_load=.nc,permuted_scales=True]"
+    assert name("fast", cute_bench.parse_config("t32x8x2")) == "cute_tiled[]"
+    assert name("fast", cute_bench.parse_config("t16x8x4-loads-bitops")) == \
+        "cute_tiled[rows_per_block=16,chunks_per_step=4,compute=False,decode=bitops]"
+
+
+@pytest.mark.parametrize("text, why", [("t16x8", "t16x8"), ("t24x8x2", "rows_per_block: expected a divisor of 128"),
+                                        ("tAx8x2", "tAx8x2"), ("t16x8x0", "chunks_per_step")])
+def test_bad_tiled_configs_are_refused_naming_the_text(text, why):
+    with pytest.raises(SystemExit, match=why):
+        cute_bench.parse_config(text)
 
 
 def _few_calls(measure):
