@@ -36,27 +36,27 @@ DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
 
 
 def parse_tiled_config(text: str) -> TiledConfig:
-    """'tRxWxN[-loads][-DECODE][:QUALIFIERS]' -> TiledConfig(rows_per_block=R, warps_per_block=W,
-    chunks_per_step=N, ...): the tiled kernel."""
+    """'tRxWxN[-loads][-DECODE][-reg][:QUALIFIERS]' -> TiledConfig(rows_per_block=R, warps_per_block=W,
+    chunks_per_step=N, ...): the tiled kernel; -reg loads the lookup table into registers."""
     try:
         text, _, a_load = text.partition(":")
         flags = text.split("-")
         rows, warps, chunks = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         cfg = TiledConfig(rows, warps, chunks, compute="loads" not in flags, decode=decode[-1] if decode else "auto",
-                          **({"a_load": a_load} if a_load else {}))
+                          lut_registers="reg" in flags, **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected tRxWxN such as t32x8x2, got {text!r} ({err})") from None
     return cfg
 
 
 def parse_config(text: str) -> FastConfig | TiledConfig:
-    """'RxWxU[xB][-perm][-loads][-DECODE][-pfN][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...); a text
+    """'RxWxU[xB][-perm][-loads][-DECODE][-reg][-pfN][:QUALIFIERS]' -> FastConfig(R, W, U, B, ...); a text
     starting with "t" is a tiled config (`parse_tiled_config`).
 
     -perm reads the permuted scales; -loads times the loads alone (no decode, no math:
-    wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode; -pfN prefetches
-    the A rows N steps ahead into L2;
+    wrong results, not checked); -lut, -bitops or -hw picks the FP4 decode; -reg loads the lookup
+    table into registers; -pfN prefetches the A rows N steps ahead into L2;
     :QUALIFIERS sets the PTX qualifiers of the A loads, e.g. ':.nc' or ':.L2::256B'.
     """
     if text.startswith("t"):
@@ -69,6 +69,7 @@ def parse_config(text: str) -> FastConfig | TiledConfig:
         prefetch = [int(f[2:]) for f in flags[1:] if f.startswith("pf")]
         cfg = FastConfig(*values, compute="loads" not in flags, permuted_scales="perm" in flags,
                          decode=decode[-1] if decode else "auto", prefetch=prefetch[-1] if prefetch else 0,
+                         lut_registers="reg" in flags,
                          **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError):
         raise SystemExit(f"--configs: expected RxWxU[xB] such as 2x4x2x4, got {text!r}") from None

@@ -6,7 +6,9 @@ Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is co
 * "hw" (sm_100a and newer): Blackwell's ``cvt.rn.f16x2.e2m1x2``, one instruction per byte
   (`decode_word_hw`); true fp16 values.
 * "lut" (Hopper's default): ``prmt`` looks the codes up in a byte table of twice their magnitudes
-  held in two immediates (`decode_word_lut`), and integer ``dp4a`` multiplies (`block_dot_lut`).
+  held in two immediates (`decode_word_lut`), or in two registers that each lane loaded from its own
+  copy in shared memory (`lut_table`: then ptxas does not move the table into a register again
+  before every lookup), and integer ``dp4a`` multiplies (`block_dot_lut`).
 * "bitops" (any target): integer operations rebuild the fp16 bit patterns, which come out as the
   value times 2^-14 (`decode_word_bitops`).
 
@@ -18,8 +20,8 @@ emit their instructions inline; `nvfp4lib.decode_models` models each of them bit
 
 from __future__ import annotations
 
-from nvfp4lib.cute_ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, prmt,
-                               prmt_table, s32_to_f32)
+from nvfp4lib.cute_ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, ld_shared_v2,
+                               prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
 from nvfp4lib.decode_models import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 
 
@@ -92,16 +94,36 @@ def block_dot(a_words, b_halves, hw_e2m1: bool):
 # --------------------------------------------------------------------------- register lookup (Hopper)
 
 
-def lookup4(selectors):
+def lookup4(selectors, table=None):
     """Bytes 2|v| of the 4 codes in the low 16 bits of ``selectors``; 0 for negative codes.
 
     ``prmt`` picks byte ``code & 7`` of the table; a code's sign bit is prmt's
     sign-replicate flag, which yields 0x00 because no table byte has its top bit set.
+    ``table``: (LUT_LO, LUT_HI) in registers (`lut_table`, looked up with `prmt_lookup`); None: immediates.
     """
-    return prmt_table(LUT_LO, LUT_HI, selectors)
+    if table is None:
+        return prmt_table(LUT_LO, LUT_HI, selectors)
+    return prmt_lookup(table[0], table[1], selectors)
 
 
-def decode_word_lut(word):
+def lut_table_smem(smem) -> Int32:
+    """Shared memory for one copy of the lookup table per lane (`lut_table`), as a shared address."""
+    return smem.allocate_array(Int32, 2 * 32, byte_alignment=8).toint()
+
+
+def store_lut_table(table_addr, lane):
+    """Lane ``lane``'s copy of (LUT_LO, LUT_HI); warp 0 stores them, before a barrier."""
+    st_shared_v2(table_addr + lane * 8, Int32(LUT_LO), Int32(LUT_HI))
+
+
+def lut_table(table_addr, lane):
+    """The lookup table as two registers, each lane reading its own copy. As immediates (`prmt_table`)
+    or as one warp-uniform load, ptxas holds the first word in a uniform register and moves it into
+    a register again before most `prmt`; a per-lane load is a value it keeps in a register."""
+    return ld_shared_v2(table_addr + lane * 8, Int32)
+
+
+def decode_word_lut(word, table=None):
     """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones.
 
     Returns (pos 0-3, pos 4-7, neg 0-3, neg 4-7): four words of 4 bytes, a byte 0 where the
@@ -109,7 +131,8 @@ def decode_word_lut(word):
     """
     x = Uint32(word)
     flipped = x ^ Uint32(SIGN_BITS)
-    return (lookup4(Int32(x)), lookup4(Int32(x >> 16)), lookup4(Int32(flipped)), lookup4(Int32(flipped >> 16)))
+    return (lookup4(Int32(x), table), lookup4(Int32(x >> 16), table), lookup4(Int32(flipped), table),
+            lookup4(Int32(flipped >> 16), table))
 
 
 def negate_bytes(v):
@@ -117,35 +140,35 @@ def negate_bytes(v):
     return Int32((Uint32(0x80808080) - Uint32(v)) ^ Uint32(0x80808080))
 
 
-def decode_b_word_lut(word):
+def decode_b_word_lut(word, table=None):
     """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
-    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
+    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
     return (pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
 
 
-def decode_b_word_as(word, decode: str):
+def decode_b_word_as(word, decode: str, table=None):
     """8 E2M1 codes of B -> the 4 words that ``decode``'s block dot takes: signed bytes and their
-    negation ("lut", `decode_b_word_lut`), else 4 half2 (`decode_b_word`)."""
-    return decode_b_word_lut(word) if decode == "lut" else decode_b_word(word, decode == "hw")
+    negation ("lut", `decode_b_word_lut`), else 4 half2 (`decode_b_word`). ``table``: see `lookup4`."""
+    return decode_b_word_lut(word, table) if decode == "lut" else decode_b_word(word, decode == "hw")
 
 
-def chunk_dots(a_words, b_dec, decode: str):
+def chunk_dots(a_words, b_dec, decode: str, table=None):
     """The two 16-element block sums of a 16-byte chunk: 4 words of A against 16 words of B decoded by
-    `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums)."""
+    `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums). ``table``: see `lookup4`."""
     if decode == "lut":
-        return block_dot_lut(a_words[0:2], b_dec[0:8]), block_dot_lut(a_words[2:4], b_dec[8:16])
+        return block_dot_lut(a_words[0:2], b_dec[0:8], table), block_dot_lut(a_words[2:4], b_dec[8:16], table)
     return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
 
 
-def block_dot_lut(a_words, b_bytes):
+def block_dot_lut(a_words, b_bytes, table=None):
     """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32.
 
     Exact: |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude.
     """
     acc = Int32(0)
     for w in range(2):
-        parts = decode_word_lut(a_words[w])
+        parts = decode_word_lut(a_words[w], table)
         for i in range(4):
             acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
     return s32_to_f32(acc)

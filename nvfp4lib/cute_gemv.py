@@ -45,11 +45,10 @@ from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
                                permuted_strides, plain_strides, validate_gemv_input)
 from nvfp4lib.cute_decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
-                                  decode_word_hw)
+                                  decode_word_hw, lut_table, lut_table_smem, store_lut_table)
 from nvfp4lib.cute_ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if,
-                               ld_shared_v2_f32, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2_f32,
-                               st_shared_v4)
+                               ld_shared_v2, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
@@ -73,6 +72,7 @@ class FastConfig:
     permuted_scales: bool = False  # read sfa_permuted/sfb_permuted instead of the plain sfa/sfb
     decode: str = "auto"  # FP4 decode: "hw" (sm_100a+), "lut" or "bitops" (any); "auto" picks per target
     prefetch: int = 0  # steps ahead whose A rows are prefetched into L2 (bulk prefetch, sm_90+); 0: none
+    lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
 
     @property
     def rows_per_block(self) -> int:
@@ -80,6 +80,7 @@ class FastConfig:
 
 
 # --------------------------------------------------------------------------- fast kernel
+
 
 def _make_staging(rows: int, unroll: int):
     """Register buffers for one step's loads: A words and scales of R rows, B words and scales.
@@ -113,19 +114,19 @@ def _stage_snapshot(stage):
     return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
 
 
-def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str):
+def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
     """acc[r] += the dot products of chunk u of one step (``cute_decode.chunk_dots``)."""
     a, sfa, b, sfb = values
     b_dec = []
     for w in range(4):
-        b_dec.extend(decode_b_word_as(b[4 * u + w], decode))
+        b_dec.extend(decode_b_word_as(b[4 * u + w], decode, table))
     factor = decode_factor(decode)
     sb0, sb1 = e4m3x2_to_f32(sfb[u])
     sb0, sb1 = sb0 * factor, sb1 * factor
     for r in range(rows):
         words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
         sa0, sa1 = e4m3x2_to_f32(sfa[r * unroll + u])
-        d0, d1 = chunk_dots(words, b_dec, decode)
+        d0, d1 = chunk_dots(words, b_dec, decode, table)
         acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
 
 
@@ -211,6 +212,13 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
         acc = cute.make_rmem_tensor((R,), Float32)
         for r in cutlass.range_constexpr(R):
             acc[r] = Float32(0.0)
+        table = None
+        if cutlass.const_expr(cfg.lut_registers and decode == "lut" and cfg.compute):
+            table_addr = lut_table_smem(smem_allocator())
+            if tidx < 32:
+                store_lut_table(table_addr, tidx)
+            cute.arch.sync_threads()
+            table = lut_table(table_addr, lane)
         stage = _make_staging(R, U)
         # (load_group, load_step): the step whose loads are issued next, one ahead of (group_id, step)
         load_group, load_step = first, Int32(0)
@@ -237,7 +245,7 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
                 _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
             if cutlass.const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(U):
-                    _accumulate_chunk(values, u, R, U, acc, decode)
+                    _accumulate_chunk(values, u, R, U, acc, decode, table)
             else:
                 _touch(values, R, acc)
             step = step + 1
@@ -279,6 +287,7 @@ class TiledConfig:
     compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
     a_load: str = ".nc.L1::no_allocate"
     decode: str = "auto"
+    lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
 
     def __post_init__(self):
         if self.warps_per_block < 1 or MAX_ROWS_PER_BLOCK % self.rows_per_block or \
@@ -340,7 +349,12 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
         smem = smem_allocator()
         b_addr = smem.allocate_array(Int32, TILED_B_WORDS * max_chunks, byte_alignment=16).toint()
         s_addr = smem.allocate_array(Float32, 2 * max_chunks, byte_alignment=16).toint()
+        table, table_addr = None, lut_table_smem(smem)
+        table_in_registers = cfg.lut_registers and decode == "lut"
         if cutlass.const_expr(cfg.compute):
+            if cutlass.const_expr(table_in_registers):
+                if tidx < 32:
+                    store_lut_table(table_addr, tidx)
             b_row = b.iterator + Int64(batch) * Int64(B_ROWS * kh)
             sfb_row = sfb.iterator + Int64(batch) * Int64(B_ROWS * (kh // 8))
             factor = decode_factor(decode)
@@ -350,8 +364,10 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                 sb0, sb1 = e4m3x2_to_f32(ld_global_u16_if(sfb_row + col * 2, 1))
                 for w in cutlass.range_constexpr(4):
                     st_shared_v4(b_addr + (w * max_chunks + col) * 16, decode_b_word_as(words[w], decode))
-                st_shared_v2_f32(s_addr + col * 8, sb0 * factor, sb1 * factor)
+                st_shared_v2(s_addr + col * 8, sb0 * factor, sb1 * factor)
             cute.arch.sync_threads()
+            if cutlass.const_expr(table_in_registers):
+                table = lut_table(table_addr, lane)
 
         acc = Float32(0.0)
         row, seg = Int32(0), Int32(0)
@@ -360,19 +376,20 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
             load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, load_row, load_seg, segs, n_chunks, lane,
                                              cfg)
             for u in cutlass.range_constexpr(N):
+                words = a_now[4 * u:4 * u + 4]
                 if cutlass.const_expr(cfg.compute):
                     col = cutlass.min(seg * 32 + lane, n_chunks - 1)  # past the row's end A is zero; B stays finite
                     b_dec = []
                     for w in cutlass.range_constexpr(4):
                         b_dec.extend(ld_shared_v4(b_addr + (w * max_chunks + col) * 16))
-                    sb0, sb1 = ld_shared_v2_f32(s_addr + col * 8)
+                    sb0, sb1 = ld_shared_v2(s_addr + col * 8, Float32)
                     sa0, sa1 = e4m3x2_to_f32(sfa_now[u])
-                    d0, d1 = chunk_dots(a_now[4 * u:4 * u + 4], b_dec, decode)
+                    d0, d1 = chunk_dots(words, b_dec, decode, table)
                     acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
                 else:
                     x = Int32(sfa_now[u])
                     for i in cutlass.range_constexpr(4):
-                        x = x ^ a_now[4 * u + i]
+                        x = x ^ words[i]
                     acc = acc + Float32(x)
                 if seg == segs - 1:  # the row is complete: reduce over the warp, write, reset
                     total = cute.arch.warp_reduction_sum(acc)
@@ -457,9 +474,9 @@ def _reads_permuted(variant: str, cfg: FastConfig | TiledConfig | None) -> bool:
     return variant == "naive" or (isinstance(cfg, FastConfig) and cfg.permuted_scales)
 
 
-WIDE = FastConfig()  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
+WIDE = FastConfig(lut_registers=True)  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
 TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
-TILED = TiledConfig()  # 32 rows per block of 8 warps, B decoded into shared memory, 2 chunks per lane in flight
+TILED = TiledConfig(lut_registers=True)  # 32 rows per block of 8 warps, B decoded into shared memory, 2 chunks per lane
 
 
 def default_config(k: int) -> FastConfig | TiledConfig:

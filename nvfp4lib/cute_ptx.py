@@ -129,21 +129,21 @@ def ld_shared_v4(addr, *, loc=None, ip=None):
 
 
 @dsl_user_op
-def st_shared_v2_f32(addr, x, y, *, loc=None, ip=None):
-    """64-bit store of two fp32 to shared memory (``addr`` 8-byte aligned)."""
+def st_shared_v2(addr, x, y, *, loc=None, ip=None):
+    """64-bit store of two 32-bit values (``Int32`` or ``Float32``) to shared memory (``addr`` 8-byte aligned)."""
     cute.arch.inline_ptx(
-        "st.shared.v2.f32 [{$r0}], {{$r1}, {$r2}};",
-        read_only_args=[Int32(addr), Float32(x), Float32(y)],
+        "st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};",
+        read_only_args=[Int32(addr), x, y],
         loc=loc, ip=ip,
     )
 
 
 @dsl_user_op
-def ld_shared_v2_f32(addr, *, loc=None, ip=None):
-    """64-bit load of two fp32 from shared memory (``addr`` 8-byte aligned)."""
+def ld_shared_v2(addr, dtype, *, loc=None, ip=None):
+    """64-bit load of two 32-bit values of ``dtype`` (``Int32`` or ``Float32``) from shared memory."""
     return cute.arch.inline_ptx(
-        "ld.shared.v2.f32 {{$w0}, {$w1}}, [{$r0}];",
-        write_only_types=[Float32, Float32],
+        "ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];",
+        write_only_types=[dtype, dtype],
         read_only_args=[Int32(addr)],
         loc=loc, ip=ip,
     )
@@ -223,6 +223,16 @@ def prmt_table(table_lo: int, table_hi: int, selectors, *, loc=None, ip=None):
     bits of ``selectors`` pick 4 of them (4 bits each, bit 3 the sign-replicate flag)."""
     return cute.arch.inline_ptx(
         f"prmt.b32 {{$w0}}, {table_lo}, {table_hi}, {{$r0}};", write_only_types=[Int32], read_only_args=[selectors],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def prmt_lookup(table_lo, table_hi, selectors, *, loc=None, ip=None):
+    """``prmt_table`` with the table in registers: ptxas then keeps it there, where it moves the
+    immediates of ``prmt_table`` into a register again before most lookups."""
+    return cute.arch.inline_ptx(
+        "prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[table_lo, table_hi, selectors],
         loc=loc, ip=ip,
     )
 

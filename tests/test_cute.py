@@ -106,6 +106,22 @@ def test_hopper_fast_kernels_decode_with_a_register_lookup(ptx, variant):
     assert "dp4a" not in ptx[variant, "sm_100a"]
 
 
+@pytest.mark.parametrize("config", ["WIDE", "TILED"])
+def test_default_configs_keep_the_lookup_table_in_registers(config):
+    """Warp 0 stores a copy of the table per lane in shared memory, each lane loads its own, and A's
+    lookups take the table from registers (`cute_decode.lut_table`); B's decode in the tiled kernel's
+    prologue may keep the immediates."""
+    cfg = getattr(cute_gemv, config)
+    text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
+    lut = f"{cute_decode.LUT_LO}, {cute_decode.LUT_HI}"
+    assert "st.shared.v2.b32 [%r" in text and "{" + lut + "};" in text
+    assert "ld.shared.v2.b32" in text
+    chunks = cfg.rows_per_warp * cfg.unroll if config == "WIDE" else cfg.chunks_per_step  # of A per lane and step
+    from_registers = re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", text)
+    assert len(from_registers) >= 16 * chunks  # 4 words x 4 lookups per 16-byte chunk of A
+    assert "{" + lut + "};" not in cute_gemv.compile_ptx("fast", "sm_100a", cfg)  # the hardware decode needs no table
+
+
 OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the instruction it emits
     "ld_global_v4_if": ("fast", "sm_90a", "ld.global.nc.L1::no_allocate.v4.u32"),
     "ld_global_u16_if": ("fast", "sm_90a", "ld.global.nc.u16"),
@@ -120,8 +136,9 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
     "prefetch_l2_if": ("fast prefetch=1", "sm_90a", "cp.async.bulk.prefetch.L2.global"),
     "st_shared_v4": ("tiled", "sm_90a", "st.shared.v4.u32"),
     "ld_shared_v4": ("tiled", "sm_90a", "ld.shared.v4.u32"),
-    "st_shared_v2_f32": ("tiled", "sm_90a", "st.shared.v2.f32"),
-    "ld_shared_v2_f32": ("tiled", "sm_90a", "ld.shared.v2.f32"),
+    "st_shared_v2": ("tiled", "sm_90a", "st.shared.v2.b32"),
+    "ld_shared_v2": ("tiled", "sm_90a", "ld.shared.v2.b32"),
+    "prmt_lookup": ("tiled", "sm_90a", "prmt.b32"),
 }
 
 

@@ -8,7 +8,7 @@ from nvfp4lib import bench_report, cute_bench
 from nvfp4lib.bench import StoppingRule
 from nvfp4lib.ceilings import TorchRead, read_ceilings
 from nvfp4lib.contract import Shape
-from nvfp4lib.cute_gemv import FastConfig
+from nvfp4lib.cute_gemv import TILED, FastConfig
 from nvfp4lib.problem import bytes_moved
 from nvfp4lib.reference import reference_gemv
 
@@ -66,7 +66,9 @@ def test_kernel_names_follow_the_package_scheme():
     assert name("fast", cute_bench.parse_config("8x4x1x4-lut")) == "cute_fast[rows_per_warp=8,unroll=1,decode=lut]"
     assert name("fast", cute_bench.parse_config("4x4x2x4-perm-loads:.nc")) == \
         "cute_fast[compute=False,a_load=.nc,permuted_scales=True]"
+    assert name("fast", cute_bench.parse_config("4x4x2x4-lut-reg")) == "cute_fast[decode=lut,lut_registers=True]"
     assert name("fast", cute_bench.parse_config("t32x8x2")) == "cute_tiled[]"
+    assert cute_bench.parse_config("t32x8x2-reg") == TILED
     assert name("fast", cute_bench.parse_config("t16x8x4-loads-bitops")) == \
         "cute_tiled[rows_per_block=16,chunks_per_step=4,compute=False,decode=bitops]"
 
