@@ -159,7 +159,8 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS, help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
+    parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
+                        help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),

@@ -10,18 +10,18 @@ arithmetic lives in `nvfp4lib.cute_decode`, the PTX instructions under it (loads
 Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 
 Two fast kernels, picked per K by ``default_config``. The fast kernel proper gives each warp
-``rows_per_warp`` rows of one batch at a time (a "row group"; warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes,
-two 16-element scale blocks), so every load of A is a 128-bit load and one warp-instruction
-reads 512 contiguous bytes of a row. B is decoded once per chunk and reused for all rows of
-the warp. The loads of the next step are issued before the math of the current one. Each
-16-element block is summed exactly (packed fp16, or int32 with the lookup: see
-``cute_decode.block_dot`` and ``block_dot_lut``), then scaled and accumulated in fp32, reduced
-over the warp with shuffles, and written as fp16. The tile shape is chosen per K
-(``default_config``). By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes
-per warp load); the permuted tensor-core layout is an option, slower for this access pattern
-(docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a tile of consecutive
-rows of one batch, decodes that batch's B once into shared memory, and lets each warp stream its rows
-in address order, running on from one row into the next, so no step computes on padding whatever K.
+``rows_per_warp`` rows of one batch at a time (a "row group"; warps walk row groups grid-stride).
+The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so every load of A
+is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once
+per chunk and reused for all rows of the warp. The loads of the next step are issued before the
+math of the current one. Each 16-element block is summed exactly (packed fp16, or int32 with the
+lookup: see ``cute_decode.chunk_dots``), then scaled and accumulated in fp32, reduced over the
+warp with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64
+contiguous bytes per warp load); the permuted tensor-core layout is an option, slower for this
+access pattern (docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a
+tile of consecutive rows of one batch, decodes that batch's B once into shared memory, and lets
+each warp stream its rows in address order, running on from one row into the next, so no step
+computes on padding whatever K.
 
 The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an older or
 missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
@@ -476,7 +476,7 @@ def _reads_permuted(variant: str, cfg: FastConfig | TiledConfig | None) -> bool:
 
 WIDE = FastConfig(lut_registers=True)  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
 TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
-TILED = TiledConfig(lut_registers=True)  # 32 rows per block of 8 warps, B decoded into shared memory, 2 chunks per lane
+TILED = TiledConfig(lut_registers=True)  # 32 rows per block of 8 warps, B in shared memory, 2 chunks per lane
 
 
 def default_config(k: int) -> FastConfig | TiledConfig:
@@ -564,8 +564,6 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
 
     return cute.compile(launch, *[Int64(0)] * 5, *[Int32(1)] * 3, make_fake_stream(),
                         options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
-
-
 
 
 def check_launch_bounds(shape) -> None:

@@ -232,8 +232,8 @@ def prmt_lookup(table_lo, table_hi, selectors, *, loc=None, ip=None):
     """``prmt_table`` with the table in registers: ptxas then keeps it there, where it moves the
     immediates of ``prmt_table`` into a register again before most lookups."""
     return cute.arch.inline_ptx(
-        "prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[table_lo, table_hi, selectors],
-        loc=loc, ip=ip,
+        "prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
+        read_only_args=[table_lo, table_hi, selectors], loc=loc, ip=ip,
     )
 
 
