@@ -7,7 +7,7 @@ on failure) is written to --out; a re-run overwrites it.
 
 Mode: `--small` and `--full` set every notebook's `small` parameter; without either it is left to
 the notebook (small on a CPU, full on a GPU). Figures of full GPU runs replace the committed ones in
-figures/ (and figures/INDEX.md); every other run writes them to build/figures/ (nvfp4lib.plots).
+figures/ (and figures/INDEX.md); every other run writes them to build/figures/ (nvfp4lib.bench.plots).
 """
 
 import argparse

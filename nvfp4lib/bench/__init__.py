@@ -1,0 +1,4 @@
+"""Measuring the GEMV paths: timers, check-and-time, peers, streaming-read ceilings, calibration,
+the results schema, tables and figures (`make bench`, `make bench-cute`).
+
+A wing: the core (nvfp4lib's top-level modules and nvfp4lib.cute) never imports it."""

@@ -1,0 +1,2 @@
+"""The CuTe DSL kernels: PTX instruction wrappers (`ptx`), the FP4/E4M3 decodes (`decode`) and
+the GEMV kernels with their host class (`gemv`)."""
