@@ -15,7 +15,8 @@ it holds. Per batch l (the last dimension of every tensor), with K/16 scale bloc
 Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a
 contiguous (L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor
 with the right shape but other strides would silently compute garbage; `validate_gemv_input`
-turns that into an error that names the argument. Nothing here imports the rest of the package.
+turns that into an error that names the argument, and `validate_op_input` holds the op's four
+tensors (``nvfp4lib.ops.gemv``) to the same rules. Nothing here imports the rest of the package.
 """
 
 from __future__ import annotations
@@ -151,7 +152,27 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCAL
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
         raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")
-    t = dict(zip(NAMES, data))
+    return _validate_tensors(dict(zip(NAMES, data)), "data", device, need_m_multiple, need_k_multiple,
+                             check_storage)
+
+
+OP_NAMES = ("a", "b", "sfa_permuted", "sfb_permuted")
+"""The tensors the op takes (nvfp4lib.ops.gemv): those of the 7-tuple that the result depends on and
+that no kernel needs in another form; the op derives sfa and sfb from them and makes c."""
+
+
+def validate_op_input(a, b, sfa_permuted, sfb_permuted, *, check_storage: bool = True) -> Shape:
+    """Check the op's four tensors as `validate_gemv_input` checks them in the 7-tuple (same rules,
+    same messages, each naming its argument); return the Shape. `check_storage=False` skips strides
+    and alignment (for fake tensors, which have no memory)."""
+    return _validate_tensors(dict(zip(OP_NAMES, (a, b, sfa_permuted, sfb_permuted))), ", ".join(OP_NAMES), None,
+                             SCALE_TILE_ROWS, BLOCK_SIZE * SCALE_TILE_COLS, check_storage)
+
+
+def _validate_tensors(t: dict, whole: str, device, need_m_multiple: int | None, need_k_multiple: int,
+                      check_storage: bool) -> Shape:
+    """The checks of `validate_gemv_input` on the named tensors of `t` (a and b among them); `whole`
+    names them all, in the errors about all of them."""
     for name, x in t.items():
         require_tensor(x, name)
         if x.dtype != DTYPES[name]:
@@ -200,13 +221,13 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCAL
 
     devices = {name: x.device for name, x in t.items()}
     if len(set(devices.values())) != 1:
-        raise NVFP4InputError(f"data: expected all tensors on one device, got {devices}")
+        raise NVFP4InputError(f"{whole}: expected all tensors on one device, got {devices}")
     if device is not None:
         want = torch.device(device)
         got = t["a"].device
         if got.type != want.type or (want.index is not None and got.index != want.index):
-            raise NVFP4InputError(f"data: expected tensors on {want}, got {got}")
-    if t["c"].device.type != "meta":  # meta tensors have no memory
+            raise NVFP4InputError(f"{whole}: expected tensors on {want}, got {got}")
+    if "c" in t and t["c"].device.type != "meta":  # meta tensors have no memory
         c_first, c_end = _storage_span(t["c"])
         for name in NAMES[:-1]:
             first, end = _storage_span(t[name])

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-import nvfp4lib
+from nvfp4lib.version import __version__  # the package's, for environment_report
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def environment_report() -> dict:
         "fp4_gemm": caps.fp4_gemm,
         "cute_dsl": caps.cute_dsl_version,
         "cute_arch": caps.cute_arch,
-        "nvfp4lib": nvfp4lib.__version__,
+        "nvfp4lib": __version__,
     }
 
 

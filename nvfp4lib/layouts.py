@@ -34,7 +34,13 @@ def _tiles(sf_lmk: torch.Tensor) -> torch.Tensor:
 def _untile(tiles: torch.Tensor, mn: int, k_blocks: int) -> torch.Tensor:
     """Contiguous (L, rest_mn, rest_k, 32, 4, 4) -> plain contiguous (L, MN, KB)."""
     l, rest_mn, rest_k = tiles.shape[:3]
-    plain = tiles.permute(0, 1, 4, 3, 2, 5).reshape(l, rest_mn * SCALE_TILE_ROWS, rest_k * SCALE_TILE_COLS)
+    # row i = (tile, i % 128 // 32, i % 32), column j = (tile, j % 4), as in _tiles
+    in_plain_order = tiles.permute(0, 1, 4, 3, 2, 5)
+    if (mn, k_blocks) == (rest_mn * SCALE_TILE_ROWS, rest_k * SCALE_TILE_COLS):  # no padding: one copy
+        plain = tiles.new_empty(l, mn, k_blocks)
+        plain.view(in_plain_order.shape).copy_(in_plain_order)
+        return plain
+    plain = in_plain_order.reshape(l, rest_mn * SCALE_TILE_ROWS, rest_k * SCALE_TILE_COLS)
     # clone (not .contiguous()) so that even size-1 dims get canonical strides
     return plain[:, :mn, :k_blocks].clone(memory_format=torch.contiguous_format)
 
