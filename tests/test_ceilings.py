@@ -156,12 +156,16 @@ def test_triton_read_in_the_interpreter():
     """The Triton kernel's logic on the CPU, in Triton's interpreter (set before Triton is imported,
     hence its own process): every word is read (a magic word planted anywhere in zeros makes its
     program's sum magic, and the sink is written), and random data writes nothing."""
+    _run_interpreted(INTERPRETED_READ, "interpreted read ok")
+
+
+def _run_interpreted(script: str, done_line: str) -> None:
+    """Run ``script`` in its own process under Triton's interpreter (set before Triton is imported)."""
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), *sys.path])))
-    done = subprocess.run([sys.executable, "-c", INTERPRETED_READ], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and "interpreted read ok" in done.stdout, done.stdout + done.stderr
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done_line in done.stdout, done.stdout + done.stderr
 
 
 def test_triton_launch_shapes_are_a_small_set_of_whole_vectors():
@@ -277,12 +281,7 @@ print("interpreted xor reads ok")
 def test_xor_reads_in_the_interpreter():
     """The XOR kernel on the CPU (Triton's interpreter): a magic word planted anywhere in zeros reaches
     the sink, random data writes nothing, under every hint."""
-    pytest.importorskip("triton")
-    env = dict(os.environ, TRITON_INTERPRET="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), *sys.path])))
-    done = subprocess.run([sys.executable, "-c", INTERPRETED_XOR_READ], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0 and "interpreted xor reads ok" in done.stdout, done.stdout + done.stderr
+    _run_interpreted(INTERPRETED_XOR_READ, "interpreted xor reads ok")
 
 
 def test_xor_reads_compile_to_16_byte_loads_with_their_hints_for_hopper():
