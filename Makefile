@@ -96,3 +96,9 @@ clean: ## remove build outputs and caches (keeps .venv and figures/)
 
 distclean: clean ## also remove .venv (the next target reinstalls)
 	rm -rf $(VENV) *.egg-info
+
+# ---- profile: hardware counters of the CuTe kernels -------------------------------------
+PROFILE_ARGS ?=
+.PHONY: profile
+profile: $(SETUP) ## Nsight Compute (clocks untouched) over the default kernel, notebook 04's progression and the per-K kernels at the benchmark shapes -> results/<device>_profile.csv (needs ncu and a GPU; says so and skips elsewhere)
+	$(PY) -m nvfp4lib.bench.profile $(PROFILE_ARGS)

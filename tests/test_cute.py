@@ -140,12 +140,19 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
     "st_shared_v2": ("tiled", "sm_90a", "st.shared.v2.b32"),
     "ld_shared_v2": ("tiled", "sm_90a", "ld.shared.v2.b32"),
     "prmt_lookup": ("tiled", "sm_90a", "prmt.b32"),
+    "l2_policy": ("wholek", "sm_90a", "createpolicy.fractional.L2::evict_first.b64"),
+    "ld_global_v4_policy": ("wholek", "sm_90a", "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"),
+    "fma_rn_f32": ("wholek", "sm_90a", "fma.rn.f32"),
 }
 
 
 def _ptx_of(ptx, variant: str, target: str) -> str:
-    """The PTX of "naive", "fast", "tiled", or "fast <field>=<int>" (the default fast config with one
-    field changed)."""
+    """The PTX of "naive", "fast", "tiled", "wholek" (the per-K kernel's default config at K = 2048), or
+    "fast <field>=<int>" (the default fast config with one field changed)."""
+    if variant == "wholek":
+        from nvfp4lib.cute import whole_k
+
+        return whole_k.compile_whole_k_ptx(target, whole_k.WholeKConfig(), 2048)
     if " " not in variant:
         return ptx[variant, target]
     field, value = variant.split(" ")[1].split("=")

@@ -6,9 +6,12 @@ A ceiling is the best of several independent reads of a buffer of exactly the sh
 
 * "cute": `StreamRead` (a CuTe DSL kernel), 16-byte loads, 4 independent ones per thread, in address order;
 * "triton": a Triton kernel with 16-byte loads, the best of `TRITON_LAUNCH_SHAPES` for each buffer;
-* "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy).
+* "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy);
+* "triton-xor-<hint>": `TritonXorRead`, the fastest independent read's form (int32 XOR, one 4-8 KB block
+  per program, the best of `TRITON_SMALL_LAUNCH_SHAPES`), with no hint, ``evict_first`` or ``.cg``.
 
-Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness.measure). Besides the
+Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness.measure; leaderboard time
+as its mean, the leaderboard's figure, and its median). Besides the
 reads after the flush the GEMV is timed with (path "read-<name>": the L2 left full of dirty lines,
 whose write-back competes with the read), `read_ceilings` times the same reads after a flush whose
 dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode "clean") and over
@@ -85,6 +88,7 @@ def _triton_read_kernel():
 
 class TritonRead:
     name, label = "triton", "streaming read: Triton, 16-byte loads"
+    launch_shapes = TRITON_LAUNCH_SHAPES
 
     def why_not(self, device: torch.device) -> str | None:
         if device.type != "cuda":
@@ -107,7 +111,7 @@ class TritonRead:
     def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
         """The launch shape with the best kernel time on this buffer."""
         timed = {}
-        for block, warps in TRITON_LAUNCH_SHAPES:
+        for block, warps in self.launch_shapes:
             bound = self.launch(buf, block, warps)
             timed[block, warps] = (time_kernel(bound.call, warmup=2, reps=tune_reps).median_us, bound)
         _, best = min(timed.values(), key=lambda item: item[0])
@@ -226,7 +230,7 @@ def _mark_fastest(rows: list[dict]) -> None:
 
 def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, large: bool = True,
                   rule: StoppingRule = BENCHMARK_RULE, warmup: int = 10, reps: int = 100, tune_reps: int = 20,
-                  device=None, reads=READS, log: Callable[[str], None] | None = None) -> list[dict]:
+                  device=None, reads=None, log: Callable[[str], None] | None = None) -> list[dict]:
     """Time every read that can run here on the byte count of each (shape_set, shape) task ->
     rows in the schema of the benchmark CSV (nvfp4lib.bench.report.COLUMNS), kind "ceiling".
 
@@ -236,7 +240,10 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
     shape_set "ceiling" and no shape. A read that cannot run here gives one "skipped" row saying
     why; one that fails to build or run gives "skipped" rows too, noted "failed here: <the error>"
     (a ceiling that cannot be measured is no failure of the paths it bounds). The fastest read of
-    each size and flush by leaderboard time has FASTEST_NOTE in its note."""
+    each size and flush by leaderboard time has FASTEST_NOTE in its note. `reads` None: every read of
+    `READS`. Each row also has the median of its leaderboard times (leaderboard_median_us) beside their
+    mean (leaderboard_us, the leaderboard's figure)."""
+    reads = READS if reads is None else reads
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     say = log or (lambda line: None)
     usable, rows = [], []
@@ -267,6 +274,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                 timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps,
                                   flush=FLUSHES[flush])
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
+                                     leaderboard_median_us=timings["leaderboard"].median_us,
                                      **timing_fields(timings, nbytes)))
         del buf
         where = "x".join(map(str, shape)) if shape is not None else f"{nbytes / 2**20:g} MiB"
@@ -312,8 +320,8 @@ def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> d
 
 
 def ceiling_table(rows: Iterable[dict]) -> str:
-    """Per size and flush: each read's leaderboard time and kernel time (us), and the fastest read
-    by leaderboard time with its bandwidth."""
+    """Per size and flush: each read's leaderboard time (the mean, as the leaderboard reports it, and the
+    median) and kernel time (us), and the fastest read by leaderboard time (mean) with its bandwidth."""
     reads = [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
              and r.get("status") == "ok"]
     names = list(dict.fromkeys(r["path"].removeprefix("read-").removesuffix("-clean") for r in reads))
@@ -324,10 +332,77 @@ def ceiling_table(rows: Iterable[dict]) -> str:
     for (m, k, l, nbytes, clean), group in groups.items():
         by_name = {r["path"].removeprefix("read-").removesuffix("-clean"): r for r in group}
         best = min(group, key=lambda r: r["leaderboard_us"])
-        cells = [f"{r['leaderboard_us']:.2f} / {r['kernel_us']:.2f}" if r else "-"
+        cells = [f"{r['leaderboard_us']:.2f} / {_median_text(r)} / {r['kernel_us']:.2f}" if r else "-"
                  for r in (by_name.get(n) for n in names)]
         winner = best["path"].removeprefix("read-").removesuffix("-clean")
         body.append([f"{m}x{k}x{l}" if m is not None else "large", f"{nbytes / 1e6:.1f}", "clean" if clean else "dirty",
                      *cells, winner, f"{best['leaderboard_gbps']:.0f}"])
-    header = ["shape", "MB", "flush", *(f"{n} us (lb / kernel)" for n in names), "best", "best GB/s"]
+    header = ["shape", "MB", "flush", *(f"{n} us (lb mean / median / kernel)" for n in names), "best", "best GB/s"]
     return text_table(header, body, left=1) if body else "(no streaming read ran)"
+
+
+def _median_text(row: dict) -> str:
+    """The median of a read's leaderboard times, "-" in rows measured before it was recorded."""
+    median = row.get("leaderboard_median_us")
+    return "-" if median is None else f"{median:.2f}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Triton reads as the fastest independent read is written: int32 XOR, one small block per program,
+# cache hints. `TritonRead` above sums 8-64 KB per program with no hint; these isolate what its
+# launch shapes and the hints are worth (docs/cute_kernel_notes.md, "The ceiling").
+
+TRITON_SMALL_LAUNCH_SHAPES = tuple((block, warps) for block in (1024, 2048) for warps in (1, 2, 4, 8))
+"""(int32 words per program, warps per program): one 4 KB or 8 KB block per program, 1 to 16 loads of
+16 bytes per thread, tried for each `TritonXorRead`."""
+
+TRITON_HINTS = {"plain": ("", ""), "evict-first": ("evict_first", ""), "cg": ("", ".cg")}
+"""A hint's name -> (tl.load eviction_policy, cache_modifier). "evict-first" compiles to
+``ld.global.L1::evict_first.L2::cache_hint`` under an L2 evict_first policy; "cg" to ``ld.global.cg``
+(cached in L2 only). ptxas refuses .cg together with evict_first."""
+
+
+@functools.cache
+def _triton_xor_read_kernel():
+    """A program XORs BLOCK int32 words (16-byte loads, the hint's eviction policy and cache modifier)
+    and stores the result only if it equals a value no buffer of ours gives."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def xor_words(src, n_words, sink, BLOCK: tl.constexpr, EVICT: tl.constexpr, CACHE: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        words = tl.load(src + offsets, mask=offsets < n_words, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
+        total = tl.xor_sum(words, axis=0)
+        if total == 0x5EEDF00D:  # the magic word: no buffer of ours XORs to it, so the loads stay
+            tl.store(sink, total)
+
+    return triton, xor_words
+
+
+class TritonXorRead(TritonRead):
+    """The Triton read of the fastest independent read: int32 XOR, one 4-8 KB block per program
+    (`TRITON_SMALL_LAUNCH_SHAPES`), a cache hint of `TRITON_HINTS`; the best launch shape per buffer."""
+
+    launch_shapes = TRITON_SMALL_LAUNCH_SHAPES
+
+    def __init__(self, hint: str):
+        if hint not in TRITON_HINTS:
+            raise ValueError(f"hint: expected one of {tuple(TRITON_HINTS)}, got {hint!r}")
+        self.hint = hint
+        self.name = f"triton-xor-{hint}"
+        self.label = f"streaming read: Triton, 16-byte loads, int32 XOR, 4-8 KB per program, {hint}"
+
+    def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
+        triton, kernel = _triton_xor_read_kernel()
+        evict, cache = TRITON_HINTS[self.hint]
+        words = buf.view(torch.int32)
+        sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
+        grid = (triton.cdiv(words.numel(), block),)
+        return BoundRead(lambda: kernel[grid](words, words.numel(), sink, BLOCK=block, EVICT=evict, CACHE=cache,
+                                              num_warps=warps),
+                         f"BLOCK={block} words, num_warps={warps}, {self.hint}", sink)
+
+
+TRITON_XOR_READS = tuple(TritonXorRead(hint) for hint in TRITON_HINTS)
+READS = READS + TRITON_XOR_READS

@@ -14,8 +14,9 @@ judged: "% of best read" is the best read's time as a percentage of the kernel's
 Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
 ``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
 `FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``, or
-``cute_tiled[...]`` for the tiled kernel's `TiledConfig` (`kernel_name`). These names are the rows'
-``path`` in the CSV.
+``cute_tiled[...]`` for the tiled kernel's `TiledConfig`, ``cute_wholek[...]`` for the per-K kernel's
+`whole_k.WholeKConfig` (`kernel_name`). These names are the rows' ``path`` in the CSV. A per-K kernel
+that cannot hold a shape's K says so ("refused") and is neither checked nor timed there.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import sys
 from nvfp4lib.bench.timing import cell_text
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.contract import NVFP4InputError
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
+from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
@@ -61,6 +64,8 @@ def parse_config(text: str) -> FastConfig | TiledConfig:
     """
     if text.startswith("t"):
         return parse_tiled_config(text)
+    if text.startswith("w"):
+        return parse_whole_k_config(text)
     try:
         text, _, a_load = text.partition(":")
         flags = text.split("-")
@@ -88,7 +93,8 @@ def kernel_name(variant: str, cfg: FastConfig | TiledConfig | None = None) -> st
         return "cute_fast"
     changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
                if getattr(cfg, field.name) != field.default]
-    return f"cute_{'tiled' if isinstance(cfg, TiledConfig) else 'fast'}[{','.join(changed)}]"
+    kind = {TiledConfig: "tiled", WholeKConfig: "wholek"}.get(type(cfg), "fast")
+    return f"cute_{kind}[{','.join(changed)}]"
 
 
 def variants(configs):
@@ -108,11 +114,41 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
         for name, kernel in kernels:
             if kernel.cfg is not None and not kernel.cfg.compute:
                 continue
+            refused = _refusal(kernel, data)
+            if refused:
+                print(f"check {name} {shape.m}x{shape.k}x{shape.l}: refused ({refused})", flush=True)
+                continue
             result = check_once(kernel, data)
             ok_all &= result.ok
             status = "ok" if result.ok else "FAIL " + result.message
             print(f"check {name} {shape.m}x{shape.k}x{shape.l}: {status}", flush=True)
     return ok_all
+
+
+def parse_whole_k_config(text: str) -> WholeKConfig:
+    """'wCxQxS[-loads][-DECODE]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q, row_slots=S, ...): the
+    per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone."""
+    try:
+        flags = text.split("-")
+        chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
+        decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
+        return WholeKConfig(chunks, rows, slots, decode=decode[-1] if decode else "auto", compute="loads" not in flags)
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
+
+
+def _refusal(kernel, data) -> str | None:
+    """Why ``kernel`` refuses this input (a per-K kernel whose block cannot hold K), or None."""
+    cfg = getattr(kernel, "cfg", None)
+    if not getattr(cfg, "per_k", False):
+        return None
+    from nvfp4lib.cute.whole_k import plan_for
+
+    try:
+        plan_for(cfg, 2 * data[0].shape[1])
+    except NVFP4InputError as err:
+        return str(err)
+    return None
 
 
 FLUSHES = {"write": None, "clean": "clean"}  # --flush -> harness.measure's flush (None: each measure's own)
@@ -139,6 +175,10 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
         data = generate_input(*shape, seed=1, mode="full", device=device)
         nbytes = bytes_moved(shape)
         for name, kernel in kernels:
+            refused = _refusal(kernel, data)
+            if refused:
+                print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: refused ({refused}), not timed", flush=True)
+                continue
             kernel(data)  # compiles on first use, outside the timings
             n = reps if name != kernel_name("naive") else max(3, reps // 20)
             timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=FLUSHES[flush])  # noqa: B023
@@ -160,7 +200,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
-                        help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
+                        help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., per-K ones wCxQxS..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),

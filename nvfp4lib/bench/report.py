@@ -38,7 +38,7 @@ COLUMNS = (
     "path", "kind", "label", "shape_set", "m", "k", "l", "bytes", "status", "note", "flush",
     "kernel_us", "kernel_p10_us", "kernel_p90_us", "kernel_reps",
     "leaderboard_us", "leaderboard_p10_us", "leaderboard_p90_us", "leaderboard_reps", "leaderboard_std_us",
-    "leaderboard_err_us",
+    "leaderboard_err_us", "leaderboard_median_us",
     "host_visible_us", "host_visible_p10_us", "host_visible_p90_us", "host_visible_reps", "host_us",
     "kernel_gbps", "leaderboard_gbps", "kernel_pct_of_copy", "leaderboard_pct_of_copy",
     "kernel_pct_of_read", "leaderboard_pct_of_read", "max_abs_err",
@@ -46,7 +46,8 @@ COLUMNS = (
     *(f"env_{f}" for f in ENV_FIELDS),
 )
 """CSV columns; the timing ones are `harness.timing_fields`'s. kernel_us and host_visible_us are medians,
-leaderboard_us the mean (as the leaderboard reports it) with its std and standard error; host_us is the
+leaderboard_us the mean (as the leaderboard reports it) with its std and standard error (the streaming reads
+also give its median, leaderboard_median_us); host_us is the
 CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
 as a percentage of the row's time by that measure. status: ok | inexact (outside rtol = atol = 1e-3,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"

@@ -641,8 +641,18 @@ class CuteGemv:
         if caps.cuda and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
-        self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs} if caps.cuda else {}
+        self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs
+                         if not getattr(c, "per_k", False)} if caps.cuda else {}
         self._prepared = TupleCache(cache_entries)
+
+    def _kernel_for(self, cfg, k: int):
+        """The compiled kernel of ``cfg`` for this K; a per-K config (`whole_k.WholeKConfig`) compiles once per K,
+        on the first input with that K (`whole_k.compiled_for_k`, which refuses a K it cannot hold)."""
+        if getattr(cfg, "per_k", False):
+            from nvfp4lib.cute.whole_k import compiled_for_k
+
+            return compiled_for_k(self.arch, cfg, k, self.tvm_ffi)
+        return self._kernels[cfg]
 
     def config_for(self, k: int) -> FastConfig | TiledConfig:
         """The config a call with this K runs."""
@@ -668,7 +678,7 @@ class CuteGemv:
             sfa, sfb = sfa_p, sfb_p
         pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
         args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
-        return self._kernels[cfg], args, c.device.index, c
+        return self._kernel_for(cfg, shape.k), args, c.device.index, c
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device, c = self._prepare(data)  # c is data's own: the cache keys on every tensor

@@ -244,3 +244,44 @@ def dp4a(a, b, acc, *, loc=None, ip=None):
         "dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[a, b, acc],
         loc=loc, ip=ip,
     )
+
+
+# --------------------------------------------------------------------------- cache policies, explicit fp32 FMA
+# (the whole-K kernels of `nvfp4lib.cute.whole_k`)
+
+
+@dsl_user_op
+def l2_policy(kind: str, *, loc=None, ip=None):
+    """A 64-bit L2 cache policy for the ``.L2::cache_hint`` loads below: ``createpolicy.fractional.L2::<kind>``
+    over the whole access (fraction 1.0), e.g. ``kind`` "evict_first" (read once) or "evict_last" (read by every
+    block). sm_80+; ptxas folds it into a uniform descriptor, so the loads pay nothing for it. On sm_90 the
+    ``.L2::evict_first`` qualifier of ``ld`` itself needs 256-bit loads (sm_100), hence the policy."""
+    return cute.arch.inline_ptx(
+        f"createpolicy.fractional.L2::{kind}.b64 {{$w0}}, 1.0;", write_only_types=[Int64], read_only_args=[],
+        loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def ld_global_v4_policy(ptr, policy, pred, hint: str, *, loc=None, ip=None):
+    """128-bit load under an L2 cache policy (`l2_policy`): ``ld.global<hint>.L2::cache_hint.v4.u32``, ``hint``
+    the qualifiers before it (e.g. ".nc.L1::no_allocate"). ``pred`` None: unpredicated (a K chunk that exists
+    for every thread, known when the kernel is compiled); else zeros where ``pred`` is false."""
+    load = f"ld.global{hint}.L2::cache_hint.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}], {{$r1}};"
+    if pred is None:
+        return cute.arch.inline_ptx(load, write_only_types=[Int32] * 4, read_only_args=[ptr, policy],
+                                    loc=loc, ip=ip)
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p;\n setp.ne.b32 p, {$r2}, 0;\n"
+        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
+        f" @p {load} }}",
+        write_only_types=[Int32] * 4, read_only_args=[ptr, policy, Int32(pred)], loc=loc, ip=ip,
+    )
+
+
+@dsl_user_op
+def fma_rn_f32(a, b, c, *, loc=None, ip=None):
+    """``fma.rn.f32``: a * b + c rounded once, written out so that the order of the accumulation is the
+    kernel's own and not the compiler's (`nvfp4lib.study.whole_k_model` models it)."""
+    return cute.arch.inline_ptx("fma.rn.f32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Float32],
+                                read_only_args=[Float32(a), Float32(b), Float32(c)], loc=loc, ip=ip)

@@ -1,0 +1,350 @@
+"""Per-K CuTe kernels: one compiled kernel per K, the whole of K of a few rows in one short-lived block.
+
+The fast and tiled kernels of `nvfp4lib.cute.gemv` walk K in a loop whose bounds are runtime values,
+and a warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is
+compiled for each K it meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive
+rows of one batch and the whole of their K (`WholeKPlan`). Every thread issues all of its loads at
+once (its 16-byte chunks of A for each of its rows, and the same chunks of B), then computes and
+exits, as the fastest streaming read does: no loop bookkeeping, every address an immediate offset
+from one base, the block gone as soon as its rows are written.
+
+* The ``threads_per_row`` threads that share a row take its 16-byte chunks t, t + P, t + 2P, ...
+  (P = threads_per_row), so that every warp-wide load reads 512 contiguous bytes. Each thread computes
+  ``rows_per_thread`` rows against one decode of its chunks of B (B stays in registers: a thread
+  needs only the chunks its own loads of A cover).
+* A is loaded with ``L1::no_allocate`` and an L2 ``evict_first`` policy (read once), B with
+  ``L1::evict_last`` and an L2 ``evict_last`` policy (read by every block of its batch).
+* Each 16-element block is summed exactly (as int32 with the register lookup, in packed fp16 with
+  the bit trick or the hardware decode), scaled with one ``fma.rn.f32``, reduced over the warp with
+  shuffles and over the warps of a row through shared memory, in a fixed order that
+  `nvfp4lib.study.whole_k_model` reproduces bit for bit.
+
+Decodes ("auto" picks per target, as `gemv.resolve_decode`): "hw" (sm_100a: ``cvt.rn.f16x2.e2m1x2``),
+"lut" (Hopper's default: ``prmt`` lookups and ``dp4a``, a positive and a negative accumulator so that B
+needs no negated copy), "bitops" (the bit trick: A as value x 2^-14, fp16x2 FMAs).
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from dataclasses import dataclass
+
+from nvfp4lib.contract import B_ROWS, NVFP4InputError
+from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_hw, decode_word_lut,
+                                  negate_bytes)
+from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, Uint32, cute, cutlass, dp4a,
+                               e4m3x2_to_f32, fma_rn_f32, l2_policy, ld_global_u16_if, ld_global_v4_policy,
+                               s32_to_f32, smem_allocator)
+from nvfp4lib.study.decode_models import LUT_HI, LUT_LO
+
+CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
+MAX_THREADS = 1024
+MAX_CHUNKS_PER_THREAD = 8  # chunks of one row held by a thread at once: K up to 8 * 32 * threads_per_row
+
+
+@dataclass(frozen=True)
+class WholeKConfig:
+    """The rule that turns a K into a launch shape (`plan_for`); one compiled kernel per (config, K).
+
+    ``chunks_per_thread``: the 16-byte chunks of a row each thread aims to load; the threads that share
+    a row are that many fewer, rounded up to whole warps (K = 16384, 512 chunks: 2 -> 256 threads; K =
+    7168, 224 chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk).
+    ``rows_per_thread``: the rows each thread computes against one decode of its chunks of B.
+    ``row_slots``: groups of threads per block, each with its own rows (a block has rows_per_thread x
+    row_slots rows, a power of two dividing 128). ``compute`` False: the loads alone, XORed (a wrong
+    result that times the access pattern).
+    """
+
+    per_k = True  # not a field: `gemv.CuteGemv` compiles such a config once per K (`compiled_for_k`)
+
+    chunks_per_thread: int = 2
+    rows_per_thread: int = 4
+    row_slots: int = 1
+    decode: str = "auto"
+    compute: bool = True
+
+    def __post_init__(self):
+        if not 1 <= self.chunks_per_thread <= MAX_CHUNKS_PER_THREAD:
+            raise ValueError(f"chunks_per_thread: expected 1 to {MAX_CHUNKS_PER_THREAD}, got {self.chunks_per_thread}")
+        rows = self.rows_per_thread * self.row_slots
+        for name, value in (("rows_per_thread", self.rows_per_thread), ("row_slots", self.row_slots),
+                            ("rows_per_thread x row_slots", rows)):
+            if value < 1 or value & (value - 1) or 128 % value:
+                raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
+        if self.decode not in ("auto", "hw", "lut", "bitops"):
+            raise ValueError(f"decode: expected 'auto', 'hw', 'lut' or 'bitops', got {self.decode!r}")
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.rows_per_thread * self.row_slots
+
+
+@dataclass(frozen=True)
+class WholeKPlan:
+    """The launch shape of one K: ``rows_per_block`` rows per block in ``rows_per_block / rows_per_thread``
+    row slots of ``threads_per_row`` threads; thread t of a slot loads chunks t + i * threads_per_row
+    (i < chunks_per_thread) of each of its ``rows_per_thread`` rows."""
+
+    k: int
+    rows_per_block: int
+    threads_per_row: int
+    rows_per_thread: int
+
+    @property
+    def n_chunks(self) -> int:
+        return self.k // 32
+
+    @property
+    def chunks_per_thread(self) -> int:
+        return -(-self.n_chunks // self.threads_per_row)
+
+    @property
+    def row_slots(self) -> int:
+        return self.rows_per_block // self.rows_per_thread
+
+    @property
+    def threads(self) -> int:
+        return self.row_slots * self.threads_per_row
+
+    @property
+    def warps_per_row(self) -> int:
+        return self.threads_per_row // 32
+
+    def chunk_exists_everywhere(self, i: int) -> bool:
+        """Whether chunk t + i * threads_per_row is inside the row for every thread t (no predicate)."""
+        return (i + 1) * self.threads_per_row <= self.n_chunks
+
+    def describe(self) -> str:
+        return (f"K={self.k}: {self.rows_per_block} rows per block, {self.threads // 32} warps, "
+                f"{self.threads_per_row} threads per row x {self.chunks_per_thread} chunks, "
+                f"{self.rows_per_thread} rows per thread")
+
+
+def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
+    """The launch shape of ``cfg`` at this K (a multiple of 64); refuses a K or a shape a block cannot hold."""
+    if k < 64 or k % 64:
+        raise NVFP4InputError(f"a: expected K a positive multiple of 64 for the whole-K kernel, got K = {k}")
+    n_chunks = k // 32
+    threads_per_row = 32 * -(-n_chunks // (32 * cfg.chunks_per_thread))
+    plan = WholeKPlan(k, cfg.rows_per_block, threads_per_row, cfg.rows_per_thread)
+    if plan.threads > MAX_THREADS:
+        limit = MAX_THREADS // cfg.row_slots * cfg.chunks_per_thread * 32
+        raise NVFP4InputError(f"a: expected K <= {limit} for the whole-K kernel with {cfg.row_slots} row slots of "
+                              f"threads holding {cfg.chunks_per_thread} chunks each ({MAX_THREADS} threads per "
+                              f"block), got K = {k}")
+    return plan
+
+
+# --------------------------------------------------------------------------- block sums
+
+
+def opaque_zero(m_rows, tidx):
+    """0 as a per-thread value the compiler cannot fold: (tidx | M) >> 31, with tidx < 1024 and M < 2^31."""
+    return Int32((Uint32(tidx) | Uint32(m_rows)) >> 31)
+
+
+def loads_joined(loaded, zero):
+    """``zero`` made to depend on every load of ``loaded`` (one word of each: a load's registers arrive
+    together), so that whatever uses the result waits for all of them. Without it ptxas sinks each load
+    to just before its first use, to save registers, and a thread has only a few loads in flight; with
+    it every load is issued before the first block sum, as the streaming read issues them."""
+    join = Int32(0)
+    for value in loaded:
+        join = join ^ Int32(value)
+    return join & zero
+
+
+def lut_after(zero):
+    """The lookup table (LUT_LO, LUT_HI) as two registers, XORed with an opaque 0 (`opaque_zero`,
+    `loads_joined`): ptxas cannot fold them into immediates (it would then move the first word into a
+    register again before most ``prmt``, docs/cute_kernel_notes.md), and every lookup waits for the loads."""
+    return Int32(LUT_LO) ^ zero, Int32(LUT_HI) ^ zero
+
+
+def decode_b_signed(word, table):
+    """8 E2M1 codes of B -> their 2v as signed bytes (codes 0-3, codes 4-7): the lookup's positive
+    part OR the negation of its negative part (the two never overlap)."""
+    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
+    return pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi)
+
+
+def block_dot_lut2(a_words, b_signed, table):
+    """4 x the sum of a 16-element block (2 words of A, 4 words of B's signed bytes), as fp32: the
+    lookup splits A by sign, and two int32 accumulators sum 2|a| * 2b over the positive and the
+    negative codes (each |sum| <= 16 * 144 = 2304, exact); their difference is converted once."""
+    pos, neg = Int32(0), Int32(0)
+    for w in range(2):
+        pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(a_words[w], table)
+        b_lo, b_hi = b_signed[2 * w], b_signed[2 * w + 1]
+        pos = dp4a(pos_hi, b_hi, dp4a(pos_lo, b_lo, pos))
+        neg = dp4a(neg_hi, b_hi, dp4a(neg_lo, b_lo, neg))
+    return s32_to_f32(pos - neg)
+
+
+def decode_b_chunk(words, decode: str, table):
+    """A chunk of B (4 words) as ``chunk_block_sums`` takes it: 8 signed-byte words ("lut") or 16 half2."""
+    out = []
+    for w in range(4):
+        out.extend(decode_b_signed(words[w], table) if decode == "lut" else decode_b_word(words[w], decode == "hw"))
+    return out
+
+
+def chunk_block_sums(a_words, b_dec, decode: str, table):
+    """The two exact block sums of a chunk of A (times `DECODE_FACTOR`), against `decode_b_chunk`."""
+    if decode == "lut":
+        return block_dot_lut2(a_words[0:2], b_dec[0:4], table), block_dot_lut2(a_words[2:4], b_dec[4:8], table)
+    hw = decode == "hw"
+    return block_dot(a_words[0:2], b_dec[0:8], hw), block_dot(a_words[2:4], b_dec[8:16], hw)
+
+
+# --------------------------------------------------------------------------- the kernel
+
+
+def _accumulate(acc, b_words, sfb_pair, a_chunks, sfa_pairs, decode: str, table):
+    """acc[q] += the two scaled block sums of chunk i of row q, for every row of the thread: B's chunk
+    decoded once, then per row ``fma.rn.f32(sa * (sb * DECODE_FACTOR), block sum, acc)`` for block 0, then 1."""
+    b_dec = decode_b_chunk(b_words, decode, table)
+    factor = decode_factor(decode)
+    sb0, sb1 = e4m3x2_to_f32(sfb_pair)
+    sb0, sb1 = sb0 * factor, sb1 * factor
+    for q in range(len(a_chunks)):
+        d0, d1 = chunk_block_sums(a_chunks[q], b_dec, decode, table)
+        sa0, sa1 = e4m3x2_to_f32(sfa_pairs[q])
+        acc[q] = fma_rn_f32(sa0 * sb0, d0, acc[q])
+        acc[q] = fma_rn_f32(sa1 * sb1, d1, acc[q])
+
+
+
+def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
+    """The kernel of one K (``plan``) and FP4 decode, to launch or compile."""
+    P, C, Q, R = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block
+    WP = plan.warps_per_row
+    KH = plan.k // 2  # bytes of A per row
+    KS = plan.k // 16  # scale bytes per row
+    n_chunks = plan.n_chunks
+    partial_chunks = [not plan.chunk_exists_everywhere(i) for i in range(C)]
+
+    @cute.kernel
+    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
+        """All loads of a thread first (its chunks of B, then of each row), then the block sums, the
+        warp and row reductions, and one fp16 store per row."""
+        tidx = cute.arch.thread_idx()[0]
+        lane = tidx % 32
+        slot, t = tidx // P, tidx % P
+        m_rows = a.shape[0]
+        batch = cute.arch.block_idx()[1]  # a grid of (M / rows_per_block, L): no division by M
+        m0 = cute.arch.block_idx()[0] * R  # the block's first row within its batch
+        first = batch * m_rows + m0 + slot * Q  # this slot's first row, flat over (L, M)
+        first_chunk = t * CHUNK_BYTES
+        a_base = a.iterator + (Int64(first) * KH + first_chunk)
+        sfa_base = sfa.iterator + (Int64(first) * KS + 2 * t)
+        b_base = b.iterator + (Int64(batch) * (B_ROWS * KH) + first_chunk)
+        sfb_base = sfb.iterator + (Int64(batch) * (B_ROWS * KS) + 2 * t)
+        read_once, read_by_all = l2_policy("evict_first"), l2_policy("evict_last")
+
+        b_words, sfb_pairs, a_words, sfa_pairs = [], [], [], []
+        for i in cutlass.range_constexpr(C):
+            pred = (t < n_chunks - i * P) if partial_chunks[i] else None
+            b_words.append(ld_global_v4_policy(b_base + i * P * CHUNK_BYTES, read_by_all, pred, ".nc.L1::evict_last"))
+            sfb_pairs.append(ld_global_u16_if(sfb_base + i * P * 2, 1 if pred is None else pred))
+        for q in cutlass.range_constexpr(Q):
+            for i in cutlass.range_constexpr(C):
+                pred = (t < n_chunks - i * P) if partial_chunks[i] else None
+                a_words.append(ld_global_v4_policy(a_base + (q * KH + i * P * CHUNK_BYTES), read_once, pred,
+                                                   ".nc.L1::no_allocate"))
+                sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), 1 if pred is None else pred))
+
+        acc = cute.make_rmem_tensor((Q,), Float32)
+        for q in cutlass.range_constexpr(Q):
+            acc[q] = Float32(0.0)
+        if cutlass.const_expr(cfg.compute):
+            zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, opaque_zero(m_rows, tidx))
+            table = lut_after(zero) if decode == "lut" else None
+            if cutlass.const_expr(decode != "lut"):  # the fp16 decodes: B's words carry the dependency
+                b_words = [[w ^ zero for w in words] for words in b_words]
+            for i in cutlass.range_constexpr(C):
+                if cutlass.const_expr(partial_chunks[i]):
+                    if t < n_chunks - i * P:  # threads past the row's end skip it (whole warps where 32 | K/32)
+                        _accumulate(acc, b_words[i], sfb_pairs[i], a_words[i::C], sfa_pairs[i::C], decode, table)
+                else:
+                    _accumulate(acc, b_words[i], sfb_pairs[i], a_words[i::C], sfa_pairs[i::C], decode, table)
+        else:
+            x = Int32(0)
+            for words in b_words + a_words:
+                for w in words:
+                    x = x ^ w
+            for pair in sfb_pairs + sfa_pairs:
+                x = x ^ Int32(pair)
+            for q in cutlass.range_constexpr(Q):
+                acc[q] = Float32(x)
+
+        if cutlass.const_expr(WP == 1):
+            for q in cutlass.range_constexpr(Q):
+                total = cute.arch.warp_reduction_sum(acc[q])
+                if lane == 0:
+                    c[m0 + slot * Q + q, 0, batch] = total.to(Float16)
+        else:
+            partials = smem_allocator().allocate_tensor(Float32, cute.make_layout(R * WP), byte_alignment=16)
+            warp = t // 32
+            for q in cutlass.range_constexpr(Q):
+                total = cute.arch.warp_reduction_sum(acc[q])
+                if lane == 0:
+                    partials[(slot * Q + q) * WP + warp] = total
+            cute.arch.sync_threads()
+            if tidx < R:  # one thread per row of the block sums its row's warps in order
+                row_sum = partials[tidx * WP]
+                for w in cutlass.range_constexpr(1, WP):
+                    row_sum = row_sum + partials[tidx * WP + w]
+                c[m0 + tidx, 0, batch] = row_sum.to(Float16)
+
+    return kernel
+
+
+# --------------------------------------------------------------------------- compile & call
+
+
+def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm_ffi: bool | None = None):
+    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed.
+    Called like every kernel of `nvfp4lib.cute.gemv` (`gemv.launch_arguments`, the raw stream)."""
+    from nvfp4lib.cute import gemv  # the shared host side (tensors from addresses, TVM-FFI)
+
+    if DSL_PROBLEM is not None:
+        raise RuntimeError(DSL_PROBLEM)
+    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: DSL_PROBLEM is None
+
+    tvm_ffi = gemv.has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    plan = plan_for(cfg, k)
+    kernel = make_whole_k_kernel(plan, cfg, gemv.resolve_decode(arch, cfg.decode))
+    rows, threads = plan.rows_per_block, plan.threads
+
+    @cute.jit
+    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
+               stream):
+        a, b, sfa, sfb, c = gemv._leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, False)
+        kernel(a, b, sfa, sfb, c).launch(grid=[m // rows, l, 1], block=[threads, 1, 1], stream=stream)
+
+    return cute.compile(launch, *[Int64(0)] * 5, Int32(k // 2), *[Int32(1)] * 2, make_fake_stream(),
+                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
+def _artifact(arch: str, cfg: WholeKConfig, k: int, kind: str):
+    with tempfile.TemporaryDirectory() as tmp:
+        return getattr(compile_whole_k(arch, cfg, k, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
+
+
+def compile_whole_k_ptx(arch: str = "sm_100a", cfg: WholeKConfig = WholeKConfig(), k: int = 16384) -> str:
+    """The PTX of the kernel of ``cfg`` at this K, on any machine."""
+    return _artifact(arch, cfg, k, "ptx")
+
+
+def compile_whole_k_cubin(arch: str = "sm_100a", cfg: WholeKConfig = WholeKConfig(), k: int = 16384) -> bytes:
+    """The machine code (cubin) of the kernel of ``cfg`` at this K, on any machine."""
+    cubin = _artifact(arch, cfg, k, "cubin")
+    return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
+
+
+@functools.cache
+def compiled_for_k(arch: str, cfg: WholeKConfig, k: int, tvm_ffi: bool):
+    """The compile cache of the per-K kernels: one compiled function per (target, config, K)."""
+    return compile_whole_k(arch, cfg, k, tvm_ffi=tvm_ffi)

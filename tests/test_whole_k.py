@@ -1,0 +1,221 @@
+"""The per-K kernels (nvfp4lib.cute.whole_k): launch shapes, the exactness of their block sums by
+enumeration, their bit-exact model against the reference, the PTX of both targets, and on a GPU the
+kernels against the model bit for bit."""
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from nvfp4lib.bench import cute_bench
+from nvfp4lib.contract import NVFP4InputError, Shape
+from nvfp4lib.device import capabilities
+from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
+from nvfp4lib.reference import check, poison_, reference_gemv
+from nvfp4lib.study import ptx as ptx_tools
+from nvfp4lib.study import whole_k_model as wm
+
+whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
+WholeKConfig, plan_for = whole_k.WholeKConfig, whole_k.plan_for
+
+VARIANTS = ("w2x4x1", "w1x4x1", "w2x8x1", "w2x2x1", "w2x4x1-bitops", "w2x4x1-loads")
+"""The configs docs/cute_kernel_notes.md predicts ("per-K kernels"), as cute_bench --configs takes them."""
+
+
+# ------------------------------------------------------------------------------------ launch shapes
+
+
+@pytest.mark.parametrize("k, rows, warps, threads_per_row, chunks", [
+    (16384, 4, 8, 256, 2), (7168, 4, 4, 128, 2), (2048, 4, 1, 32, 2), (64, 4, 1, 32, 1), (4608, 4, 3, 96, 2)])
+def test_default_plan_per_k(k, rows, warps, threads_per_row, chunks):
+    plan = plan_for(WholeKConfig(), k)
+    assert (plan.rows_per_block, plan.threads // 32, plan.threads_per_row, plan.chunks_per_thread) == \
+        (rows, warps, threads_per_row, chunks)
+    assert plan.threads_per_row * plan.chunks_per_thread >= plan.n_chunks > plan.threads_per_row * (chunks - 1)
+
+
+def test_variants_hold_every_test_shape_and_refuse_what_they_cannot():
+    for text in VARIANTS:
+        cfg = cute_bench.parse_config(text)
+        for shape in TEST_SHAPES + EXTRA_SHAPES + BENCHMARK_SHAPES:
+            plan = plan_for(cfg, shape.k)
+            assert plan.threads <= 1024 and 128 % plan.rows_per_block == 0
+    with pytest.raises(NVFP4InputError, match="a: expected K <= 16384 for the whole-K kernel with 2 row slots"):
+        plan_for(WholeKConfig(chunks_per_thread=1, row_slots=2), 32768)
+    with pytest.raises(NVFP4InputError, match="multiple of 64"):
+        plan_for(WholeKConfig(), 96)
+    for bad, why in [(dict(rows_per_thread=3), "rows_per_thread"), (dict(chunks_per_thread=9), "chunks_per_thread"),
+                     (dict(row_slots=256), "row_slots"), (dict(decode="table"), "decode")]:
+        with pytest.raises(ValueError, match=why):
+            WholeKConfig(**bad)
+
+
+def test_cute_bench_names_and_parses_the_per_k_configs():
+    assert cute_bench.parse_config("w2x4x1") == WholeKConfig()
+    assert cute_bench.kernel_name("fast", WholeKConfig()) == "cute_wholek[]"
+    assert cute_bench.kernel_name("fast", cute_bench.parse_config("w1x8x2-bitops")) == \
+        "cute_wholek[chunks_per_thread=1,rows_per_thread=8,row_slots=2,decode=bitops]"
+    assert not cute_bench.parse_config("w2x4x1-loads").compute
+    with pytest.raises(SystemExit, match="w2x4"):
+        cute_bench.parse_config("w2x4")
+
+    class Runner:  # what cute_bench reads of a CuteGemv
+        cfg = WholeKConfig(chunks_per_thread=1, row_slots=2)
+
+    assert cute_bench._refusal(Runner(), generate_input(128, 64, 1)) is None
+    big = generate_input(128, 64, 1)
+    big = (torch.empty(128, 16384, 1, dtype=torch.uint8), *big[1:])  # only a's shape is read: K = 32768
+    assert "K <= 16384" in cute_bench._refusal(Runner(), big)
+
+
+# ------------------------------------------------------------------------------------ exactness
+
+
+@pytest.mark.parametrize("decode", ["bitops", "hw"])
+def test_fp16_block_sums_are_exact_for_every_reachable_accumulator(decode):
+    """Every accumulator value the 8 fma.rn.f16 of a lane can reach from +0, every code pair at each step:
+    no FMA rounds; partial sums stay within 1152 units (2^-16 with the bit trick, 1/4 with true values)."""
+    found = wm.fp16_accumulation_check(decode)
+    assert found["max_units"] == 8 * 144 and found["unit"] == (2.0 ** -16 if decode == "bitops" else 0.25)
+    assert found["fmas_checked"] > 10 ** 6
+    with pytest.raises(AssertionError, match="fma.rn.f16"):  # 16 products per lane would round
+        wm.fp16_accumulation_check(decode, products_per_lane=16)
+
+
+def test_lookup_integers_and_the_two_accumulator_block_sum_are_exact():
+    assert wm.lut_accumulation_check() == {"max_product": 144, "max_block": 2304}
+    rng = np.random.default_rng(25)
+    pairs = np.stack(np.meshgrid(np.arange(256), np.arange(256), indexing="ij"), -1).reshape(-1, 2)
+    values = np.array([float(v) for v in wm.e2m1_f16_bits(np.arange(16)).view(np.float16)])
+    for position in range(8):
+        a = rng.integers(0, 256, (len(pairs), 8), dtype=np.uint8)
+        b = rng.integers(0, 256, (len(pairs), 8), dtype=np.uint8)
+        a[:, position], b[:, position] = pairs[:, 0], pairs[:, 1]
+        got = wm.block_dot_lut2(list(a.view("<u4").T), list(b.view("<u4").T)).astype(np.float64)
+        codes = lambda x: np.stack([values[x & 15], values[x >> 4]], -1).reshape(len(x), 16)  # noqa: E731
+        assert np.array_equal(got / 4, (codes(a) * codes(b)).sum(1)), position
+
+
+@pytest.mark.parametrize("shape", [Shape(128, 256, 1), Shape(256, 7168, 1), Shape(128, 192, 3), Shape(384, 2048, 2),
+                                   Shape(128, 4608, 1), Shape(128, 16384, 1)], ids=lambda s: "x".join(map(str, s)))
+def test_model_decodes_agree_bit_for_bit_and_match_the_reference(shape):
+    data = generate_input(*shape, seed=shape.m + shape.k, mode="full")
+    plan = plan_for(WholeKConfig(), shape.k)
+    results = {d: wm.plan_model(data, plan, d) for d in ("hw", "lut", "bitops")}
+    for decode in ("lut", "bitops"):
+        assert np.array_equal(results["hw"][0].view(np.uint32), results[decode][0].view(np.uint32)), decode
+    fp16 = results["lut"][1]
+    result = check(torch.from_numpy(fp16).unsqueeze(1), data)
+    assert result.ok, result.message
+    exact16 = reference_gemv(data)[:, 0, :].numpy().astype(np.float16)
+    assert np.array_equal(fp16.view(np.uint16), exact16.view(np.uint16))  # no fp32 rounding crossed an fp16 tie here
+
+
+def test_exactness_text_names_the_bounds():
+    for phrase in ("1152", "2048", "2^-24", ".ftz", "fma.rn.f32"):
+        assert phrase in wm.EXACTNESS
+
+
+# ------------------------------------------------------------------------------------ PTX, both targets
+
+@pytest.fixture(scope="module")
+def ptx():
+    if whole_k.cute is None:
+        pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
+    texts = {(arch, k): whole_k.compile_whole_k_ptx(arch, WholeKConfig(), k)
+             for arch in ("sm_90a", "sm_100a") for k in (16384, 7168, 2048)}
+    texts["sm_90a", "bitops"] = whole_k.compile_whole_k_ptx("sm_90a", WholeKConfig(decode="bitops"), 2048)
+    return texts
+
+
+@pytest.mark.cute
+@pytest.mark.parametrize("k", [16384, 7168, 2048])
+def test_blackwell_build_uses_the_hardware_conversion_and_wide_hinted_loads(ptx, k):
+    text = ptx["sm_100a", k]
+    plan = plan_for(WholeKConfig(), k)
+    assert ".target sm_100a" in text and "cvt.rn.f16x2.e2m1x2" in text and "dp4a" not in text
+    loads = re.findall(r"ld\.global[\w.:]*\.v4\.u32", text)
+    per_thread = plan.chunks_per_thread * (plan.rows_per_thread + 1)  # its chunks of A for each row, and of B
+    assert len(loads) == per_thread
+    assert loads.count("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32") == plan.chunks_per_thread * \
+        plan.rows_per_thread
+    assert loads.count("ld.global.nc.L1::evict_last.L2::cache_hint.v4.u32") == plan.chunks_per_thread
+    assert "createpolicy.fractional.L2::evict_first.b64" in text and "createpolicy.fractional.L2::evict_last.b64" in text
+    assert not re.search(r"\.local\b|ld\.local|st\.local", text)
+
+
+@pytest.mark.cute
+@pytest.mark.parametrize("k", [16384, 7168, 2048, "bitops"])
+def test_hopper_build_has_no_fp4_instruction_and_no_local_memory(ptx, k):
+    text = ptx["sm_90a", k]
+    assert ".target sm_90a" in text and "e2m1" not in text
+    assert not re.search(r"\.local\b|ld\.local|st\.local", text)
+    counts = ptx_tools.opcode_counts(text)
+    assert counts["ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"] >= 1
+    if k == "bitops":  # packed fp16 block sums that keep subnormals
+        assert counts["fma.rn.f16x2"] > 0 and not any(".ftz" in op and "f16" in op for op in counts)
+    else:
+        assert counts["dp4a.s32.s32"] > 0 and counts["prmt.b32"] > 0
+
+
+@pytest.mark.cute
+def test_sm100_fp16_block_sums_keep_subnormals_and_each_block_is_one_fma(ptx):
+    counts = ptx_tools.opcode_counts(ptx["sm_100a", 16384])
+    plan = plan_for(WholeKConfig(), 16384)
+    assert counts["fma.rn.f16x2"] > 0 and not any(".ftz" in op and "f16" in op for op in counts)
+    assert counts["fma.rn.f32"] == 2 * plan.chunks_per_thread * plan.rows_per_thread  # one per 16-element block
+
+
+@pytest.mark.cute
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("text", ["w2x4x1", "w1x4x1", "w2x8x1"])
+def test_machine_code_has_no_spills(arch, text):
+    if whole_k.cute is None:
+        pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
+    cfg = cute_bench.parse_config(text)
+    resources = ptx_tools.cubin_resources(whole_k.compile_whole_k_cubin(arch, cfg, 16384))
+    assert resources["frame_bytes"] == 0 and 0 < resources["registers"] <= 168, resources
+
+
+@pytest.mark.cute
+def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
+    """On a machine that looks like a B200 (compiling needs no GPU): no kernel at construction, one per K on
+    first use, the same object for the same K."""
+    from nvfp4lib.cute import gemv
+
+    if whole_k.cute is None:
+        pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
+    caps = dataclasses.replace(capabilities(), cuda=True, sm=(10, 0), cute_arch="sm_100a")
+    monkeypatch.setattr(gemv, "capabilities", lambda: caps)
+    runner = gemv.CuteGemv("fast", WholeKConfig())
+    assert runner._kernels == {}
+    first = runner._kernel_for(runner.cfg, 2048)
+    assert runner._kernel_for(runner.cfg, 2048) is first and runner._kernel_for(runner.cfg, 4096) is not first
+    with pytest.raises(NVFP4InputError, match="whole-K kernel"):
+        runner._kernel_for(WholeKConfig(chunks_per_thread=1, row_slots=2), 32768)
+
+
+# ------------------------------------------------------------------------------------ on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not capabilities().cuda, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("text", [v for v in VARIANTS if not v.endswith("-loads")])
+@pytest.mark.parametrize("shape", TEST_SHAPES + EXTRA_SHAPES, ids=lambda s: f"{s.m}x{s.k}x{s.l}")
+def test_matches_the_reference_and_its_model_bit_for_bit_on_gpu(text, shape):
+    from nvfp4lib.cute import gemv
+
+    cfg = cute_bench.parse_config(text)
+    data = generate_input(*shape, seed=shape.m + shape.k, mode="full", device="cuda")
+    poison_(data.c)
+    out = gemv.gemv_cute(data, "fast", cfg)
+    result = check(out, data)
+    assert result.ok, result.message
+    if shape.m * shape.k * shape.l > 1 << 24:
+        return  # the numpy model of the largest shapes takes minutes on the host: the check above suffices there
+    decode = gemv.resolve_decode(capabilities().cute_arch, cfg.decode)
+    _, model16 = wm.plan_model(data, plan_for(cfg, shape.k), decode)
+    got = out[:, 0, :].cpu().numpy()
+    assert np.array_equal(got.view(np.uint16), model16.view(np.uint16))
