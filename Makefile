@@ -64,10 +64,10 @@ lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" 
 BENCH_ARGS ?=
 .PHONY: bench bench-cute calibrate
 bench: $(SETUP) ## time every GEMV path and peer -> build/bench/<device>.csv and the 00_* figures: on a GPU in figures/ after a full run on the committed figures' device, else in build/figures/; on a CPU in build/bench/figures/
-	$(PY) -m nvfp4lib.suite $(BENCH_ARGS)
+	$(PY) -m nvfp4lib.bench.suite $(BENCH_ARGS)
 
 bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel, leaderboard and host time; streaming-read ceiling)
-	$(PY) -m nvfp4lib.cute_bench
+	$(PY) -m nvfp4lib.bench.cute_bench
 
 calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json (skips without a GPU)
 	$(PY) tools/calibrate.py
@@ -75,9 +75,9 @@ calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> bu
 # ---- submission: the leaderboard submission file ---------------------------------------
 SUBMISSION ?= hybrid
 .PHONY: submission
-submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bin/python -m nvfp4lib.submission --list) to build/submission.py and check it
-	$(PY) -m nvfp4lib.submission --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py --force
-	$(PY) -m nvfp4lib.evaluate $(BUILD_DIR)/submission.py
+submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bin/python -m nvfp4lib.leaderboard.export --list) to build/submission.py and check it
+	$(PY) -m nvfp4lib.leaderboard.export --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py --force
+	$(PY) -m nvfp4lib.leaderboard.evaluate $(BUILD_DIR)/submission.py
 
 # ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
 SANITIZE_ARGS ?=

@@ -7,7 +7,7 @@ millisecond of GPU work still running when the call is made, so the host's cost 
 behind it. The figure is the MEAN (with sample std, standard error, best, worst), and calls go
 on until a `StoppingRule` says stop: the standard error under 0.1 % of the mean (after at least
 3 calls and 100 ms), or a budget spent. `before` and `after` hooks run untimed around every
-call (a new input before, a check after: the leaderboard's ranked mode, see nvfp4lib.harness).
+call (a new input before, a check after: the leaderboard's ranked mode, see nvfp4lib.bench.harness).
 
 Two teaching measures beside it, named for what they are:
 
@@ -22,7 +22,7 @@ Without CUDA every timer falls back to wall-clock time (mode "wall") so the logi
 The timed callable must do its GPU work on the current stream (or join any side streams back
 into it before returning): the CUDA events are recorded there.
 
-This module imports only the standard library and torch: nvfp4lib.evaluate runs its source
+This module imports only the standard library and torch: nvfp4lib.leaderboard.evaluate runs its source
 inside a submission's process, where nvfp4lib itself cannot be imported.
 """
 from __future__ import annotations

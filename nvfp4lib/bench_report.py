@@ -1,13 +1,13 @@
-"""Benchmark results as files, tables and figures: the CSV that ``nvfp4lib.suite`` writes (one
+"""Benchmark results as files, tables and figures: the CSV that ``nvfp4lib.bench.suite`` writes (one
 row per path and shape, the environment in every row), the tables it prints, and the two figures
 ``00_roofline`` (bytes per call against time, with the measured ceiling) and ``00_benchmark_bars``
 (all paths and peers at the benchmark shapes). Notebook 00 reads results through this module.
 
-Three time measures (nvfp4lib.bench), each labelled by its own name: kernel time (median, calls
+Three time measures (nvfp4lib.bench.timing), each labelled by its own name: kernel time (median, calls
 back to back), leaderboard time (the mean, timed as the public harness does: its flush keeps the
 GPU busy, so host cost is hidden) and host-visible time (median, the GPU idle at each call, host
 cost included). The ceiling of a path is the best streaming read of exactly its bytes
-(nvfp4lib.ceilings) where the results have one, else the device-to-device copy bandwidth; every
+(nvfp4lib.bench.ceilings) where the results have one, else the device-to-device copy bandwidth; every
 table and figure says which. A CSV of an older run, written before leaderboard time was
 measured, called its host-visible time "leaderboard": `load_results` files it under host-visible
 time and the tables and figures label it "host-visible (older run)".
@@ -21,11 +21,11 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from nvfp4lib.bench import cell_text, gbps, geomean, percent, text_table
-from nvfp4lib.ceilings import best_reads, percent_of_read
+from nvfp4lib.bench.timing import cell_text, gbps, geomean, percent, text_table
+from nvfp4lib.bench.ceilings import best_reads, percent_of_read
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
-from nvfp4lib.harness import MEASURES
+from nvfp4lib.bench.harness import MEASURES
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
 
@@ -51,7 +51,7 @@ CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes
 as a percentage of the row's time by that measure. status: ok | inexact (outside rtol = atol = 1e-3,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
 and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
-"read-<name>-clean" of nvfp4lib.ceilings (timed like a path; flush "dirty" or "clean")."""
+"read-<name>-clean" of nvfp4lib.bench.ceilings (timed like a path; flush "dirty" or "clean")."""
 
 # An older run's CSV has no host_visible_us column: what it called leaderboard time was host-visible
 # time (each call after a synchronize, the GPU idle). `load_results` moves those columns here.
@@ -205,7 +205,7 @@ def measure_label(measure: str, rows: list[dict]) -> str:
 
 
 def read_rows(rows: list[dict]) -> list[dict]:
-    """The streaming reads of nvfp4lib.ceilings in `rows` that ran."""
+    """The streaming reads of nvfp4lib.bench.ceilings in `rows` that ran."""
     return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
             and r.get("status") == "ok"]
 
@@ -213,7 +213,7 @@ def read_rows(rows: list[dict]) -> list[dict]:
 def ceiling_note(rows: list[dict]) -> str:
     """Which ceiling the tables and figures of `rows` hold the paths against, in words."""
     if read_rows(rows):
-        return "ceiling: the best streaming read of the same bytes after the same flush (nvfp4lib.ceilings)"
+        return "ceiling: the best streaming read of the same bytes after the same flush (nvfp4lib.bench.ceilings)"
     copy = _ceiling(rows, "copy")
     return ("ceiling: the device-to-device copy" + (f", {copy:.0f} GB/s" if copy else " (not in these results)")
             + "; these results have no streaming reads")
@@ -277,7 +277,7 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
                    + (f"; x <peer>: the peer's {labels[score_measure(rows)]} time / this path's" if peer_names else ""))
         copy = _ceiling(rows, "copy")
         if reads:
-            out.append("% read: the best streaming read of the same bytes after the same flush (nvfp4lib.ceilings), "
+            out.append("% read: the best streaming read of the same bytes after the same flush (nvfp4lib.bench.ceilings), "
                        "as a percentage of the path's time, both by kernel time")
         elif copy:
             out.append(f"% copy: of the measured device-to-device copy, {copy:.0f} GB/s "
@@ -334,8 +334,8 @@ def geomean_table(rows: list[dict]) -> str:
 
 def _colors(timed: list[dict]) -> dict[str, str]:
     """The paths drawn, nvfp4lib's before the peers, each with its colour from
-    nvfp4lib.plots.path_color: the same in every figure and on every machine (peers are greys)."""
-    from nvfp4lib.plots import path_color
+    nvfp4lib.bench.plots.path_color: the same in every figure and on every machine (peers are greys)."""
+    from nvfp4lib.bench.plots import path_color
 
     ours = [r["path"] for r in timed if r["kind"] != "peer"]
     theirs = [r["path"] for r in timed if r["kind"] == "peer"]
@@ -499,10 +499,10 @@ def make_figures(results) -> dict[str, object]:
 
 
 def save_figures(figures: dict, directory: Path | str | None = None) -> dict[str, Path]:
-    """Save with nvfp4lib.plots.save_figure (the workbook's figures folder), or into `directory`."""
+    """Save with nvfp4lib.bench.plots.save_figure (the workbook's figures folder), or into `directory`."""
     import matplotlib.pyplot as plt
 
-    from nvfp4lib.plots import DPI, save_figure
+    from nvfp4lib.bench.plots import DPI, save_figure
 
     saved = {}
     for name, fig in figures.items():

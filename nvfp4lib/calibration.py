@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from nvfp4lib.bench import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, StoppingRule, geomean
+from nvfp4lib.bench.timing import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, StoppingRule, geomean
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, shape_class
-from nvfp4lib.harness import check_bound, measure
+from nvfp4lib.bench.harness import check_bound, measure
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 

@@ -8,7 +8,7 @@ A ceiling is the best of several independent reads of a buffer of exactly the sh
 * "triton": a Triton kernel with 16-byte loads, the best of `TRITON_LAUNCH_SHAPES` for each buffer;
 * "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy).
 
-Each read is timed with kernel time and leaderboard time (nvfp4lib.harness.measure). Besides the
+Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness.measure). Besides the
 reads after the flush the GEMV is timed with (path "read-<name>": the L2 left full of dirty lines,
 whose write-back competes with the read), `read_ceilings` times the same reads after a flush whose
 dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode "clean") and over
@@ -21,11 +21,11 @@ from typing import Callable, Iterable, NamedTuple
 
 import torch
 
-from nvfp4lib.bench import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
                             time_kernel)
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.harness import describe_error, measure, timing_fields
+from nvfp4lib.bench.harness import describe_error, measure, timing_fields
 from nvfp4lib.problem import bytes_moved
 
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
@@ -123,7 +123,7 @@ def compile_stream_read(arch: str | None = None, options: str = ""):
     import cutlass
     from cutlass.cute.runtime import make_fake_stream
 
-    from nvfp4lib.cute_ptx import cute, ld_global_v4_if
+    from nvfp4lib.cute.ptx import cute, ld_global_v4_if
 
     threads, loads = StreamRead.THREADS, StreamRead.LOADS
 
@@ -165,7 +165,7 @@ class StreamRead:
     THREADS, LOADS = 256, 4
 
     def __init__(self):
-        from nvfp4lib.cute_gemv import current_stream_handle
+        from nvfp4lib.cute.gemv import current_stream_handle
 
         self.fn = compile_stream_read()
         self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
@@ -228,7 +228,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                   rule: StoppingRule = BENCHMARK_RULE, warmup: int = 10, reps: int = 100, tune_reps: int = 20,
                   device=None, reads=READS, log: Callable[[str], None] | None = None) -> list[dict]:
     """Time every read that can run here on the byte count of each (shape_set, shape) task ->
-    rows in the schema of the benchmark CSV (nvfp4lib.bench_report.COLUMNS), kind "ceiling".
+    rows in the schema of the benchmark CSV (nvfp4lib.bench.report.COLUMNS), kind "ceiling".
 
     Per task and read: kernel and leaderboard time (`timing_fields`) after the GEMV's flush
     (path "read-<name>"), and with `clean` for the "benchmark" tasks also after a clean flush

@@ -1,4 +1,4 @@
-"""Check and time the CuTe DSL kernels on this GPU: ``python -m nvfp4lib.cute_bench``.
+"""Check and time the CuTe DSL kernels on this GPU: ``python -m nvfp4lib.bench.cute_bench``.
 
 One run checks every kernel variant against the reference on the test shapes and on extra shapes
 (`harness.check_once`: the kernel gets a clone with c poisoned, its output is checked against the
@@ -24,12 +24,12 @@ import argparse
 import dataclasses
 import sys
 
-from nvfp4lib.bench import cell_text
-from nvfp4lib.bench_report import context_fields, write_csv
-from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
-from nvfp4lib.cute_gemv import CuteGemv, FastConfig, TiledConfig
+from nvfp4lib.bench.timing import cell_text
+from nvfp4lib.bench.report import context_fields, write_csv
+from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
 from nvfp4lib.device import capabilities
-from nvfp4lib.harness import check_once, measure, timing_fields
+from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config

@@ -5,8 +5,8 @@ decode is picked at compile time from the target (``resolve_decode``): Blackwell
 newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so the fast
 kernel looks codes up in a byte table with ``prmt`` and multiplies with integer ``dp4a``, and
 the naive one (or ``decode="bitops"``) rebuilds fp16 bit patterns with integer operations. That
-arithmetic lives in `nvfp4lib.cute_decode`, the PTX instructions under it (loads, ``cvt``,
-``prmt``, ``dp4a``) in `nvfp4lib.cute_ptx`; this module holds what the kernels do with them.
+arithmetic lives in `nvfp4lib.cute.decode`, the PTX instructions under it (loads, ``cvt``,
+``prmt``, ``dp4a``) in `nvfp4lib.cute.ptx`; this module holds what the kernels do with them.
 Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
 
 Two fast kernels, picked per K by ``default_config``. The fast kernel proper gives each warp
@@ -27,7 +27,7 @@ The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an
 missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
 public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
 removed in 4.7.0, so the leaderboard ran 4.6.x or older; where these kernels cannot be built, the
-exported submissions fall back (nvfp4lib.submission). They are called through TVM-FFI (integers
+exported submissions fall back (nvfp4lib.leaderboard.export). They are called through TVM-FFI (integers
 and the raw stream handle, the cheapest host call) when apache-tvm-ffi is installed, and through
 the DSL's plain call path (``Int64``/``Int32`` arguments and a ``CUstream``) when it is not.
 """
@@ -44,9 +44,9 @@ import torch
 from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
                                permuted_strides, plain_strides, validate_gemv_input)
-from nvfp4lib.cute_decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
+from nvfp4lib.cute.decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
                                   decode_word_hw, lut_table, lut_table_smem, store_lut_table)
-from nvfp4lib.cute_ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
+from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if,
                                ld_shared_v2, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
 from nvfp4lib.device import capabilities

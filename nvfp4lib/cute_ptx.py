@@ -11,7 +11,7 @@ it). Called from inside a ``@cute.kernel``, an op is traced inline: it emits exa
 written here and nothing else, so the kernels choose every load and conversion instruction
 themselves. The ops take and return the DSL's 32-bit registers (``Int32``, ``Float32``), whatever
 the PTX types inside. ISA facts they rely on are modelled, and checked on any machine, in
-`nvfp4lib.decode_models`.
+`nvfp4lib.study.decode_models`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bit-exact numpy models of the CuTe kernels' FP4 decodes and of the fast kernel's arithmetic.
 
-Each device helper of `nvfp4lib.cute_decode` (and the PTX ops of `nvfp4lib.cute_ptx` under it) has
+Each device helper of `nvfp4lib.cute.decode` (and the PTX ops of `nvfp4lib.cute.ptx` under it) has
 its model here under the same name, with the same constants, checked against `nvfp4lib.formats`'
 exact decode for every byte and code (tests/test_decode_models.py); notebook 04 uses these models.
 
@@ -39,9 +39,9 @@ from collections import defaultdict
 import numpy as np
 import torch
 
-from nvfp4lib.ptx_tools import instructions
+from nvfp4lib.study.ptx import instructions
 
-# The constants of the kernels' decodes (nvfp4lib.cute_decode traces them; the models here define them)
+# The constants of the kernels' decodes (nvfp4lib.cute.decode traces them; the models here define them)
 FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
 LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
 SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word

@@ -5,7 +5,7 @@ Which path wins depends on the device and on the shape, so the choice is made pe
 * inputs on the CPU: the exact emulation of the FP4 GEMM (``scaled_mm_permuted``, fp32
   accumulation like the reference's `torch._scaled_mm`, rounded once to fp16);
 * Blackwell (``capabilities().fp4_gemm``): `torch._scaled_mm` or the CuTe kernel, per shape
-  class, from a table measured on this GPU (`nvfp4lib.calibration.calibrate`, saved and loaded
+  class, from a table measured on this GPU (`nvfp4lib.bench.calibration.calibrate`, saved and loaded
   as JSON). With no table the default is the CuTe kernel, reported as "default, not measured";
 * another CUDA GPU with the CuTe DSL (Hopper): the CuTe kernel, the only real kernel there
   (cuBLAS has no FP4 GEMM below sm_100);
@@ -55,7 +55,7 @@ def shape_class(shape) -> str:
 
 @dataclass
 class Table:
-    """Measured choices of one GPU model (made by `nvfp4lib.calibration.calibrate`).
+    """Measured choices of one GPU model (made by `nvfp4lib.bench.calibration.calibrate`).
 
     ``entries``: shape class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]};
     ``skipped``: path -> why it was not timed (not available here, or a wrong result).

@@ -1,6 +1,6 @@
 """A local leaderboard: check and time a one-file submission the way the leaderboard does.
 
-``python -m nvfp4lib.evaluate submission.py [--mode test|benchmark|ranked|both|all] [--secret-seed N]
+``python -m nvfp4lib.leaderboard.evaluate submission.py [--mode test|benchmark|ranked|both|all] [--secret-seed N]
 [--timeout S] [--time-limit S]``
 
 The submission runs in its own Python process, started fresh for each mode (as the leaderboard
@@ -11,7 +11,7 @@ can change what it is compared with. Each call gets a copy of the inputs, as on 
 a call that changes them fails here. A call longer than `CALL_TIMEOUT_S` (--timeout) or an
 evaluation longer than `TIME_LIMIT_S` (--time-limit) kills the process and fails. Whatever the
 submission does (raise, exit, crash, hang, return the wrong kind of object) ends in a FAIL that
-names it. It is not a sandbox: see `python -m nvfp4lib.evaluate --help` for what is isolated.
+names it. It is not a sandbox: see `python -m nvfp4lib.leaderboard.evaluate --help` for what is isolated.
 
 The modes (`MODES`; "both" is test and benchmark, "all" adds ranked):
 
@@ -22,7 +22,7 @@ The modes (`MODES`; "both" is test and benchmark, "all" adds ranked):
   nvfp4lib.reference at rtol = atol = 1e-3.
 * benchmark: the leaderboard's benchmark mode. A warm-up benchmark of the first shape (not
   reported), then per benchmark shape one checked call and leaderboard time
-  (nvfp4lib.bench.leaderboard_time, run in the submission's process: the leaderboard's flush
+  (nvfp4lib.bench.timing.leaderboard_time, run in the submission's process: the leaderboard's flush
   enqueued right before each call) on that one input, until the leaderboard's stopping rule says
   stop. The figure is the MEAN ("leaderboard time (mean)", with std, error, best and worst), held
   against this device's copy bandwidth and, on a B200, the speed of light.
@@ -61,17 +61,17 @@ from typing import Callable
 
 import torch
 
-import nvfp4lib.bench
-from nvfp4lib import harness
-from nvfp4lib.bench import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geomean, leaderboard_time, percent,
+import nvfp4lib.bench.timing
+from nvfp4lib.bench import harness
+from nvfp4lib.bench.timing import (StoppingRule, Timing, copy_bandwidth_gbps, gbps, geomean, leaderboard_time, percent,
                             text_table)
 from nvfp4lib.contract import NAMES, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.locations import PACKAGE_DIR
-from nvfp4lib.harness import CheckFailed, RANKED_SEED_STEP, check_integer, combine_seed
+from nvfp4lib.bench.harness import CheckFailed, RANKED_SEED_STEP, check_integer, combine_seed
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, SubmissionError, TASK_SOURCE, has_directive,
+from nvfp4lib.leaderboard.submission_file import (DIRECTIVE, MISSING_PACKAGE, PACKAGE, SubmissionError, TASK_SOURCE, has_directive,
                                       load_submission, read_submission)  # noqa: F401 - part of this module's interface
 
 PHASES = {"test": ("test",), "benchmark": ("benchmark",), "ranked": ("ranked",), "both": ("test", "benchmark"),
@@ -101,7 +101,7 @@ class SubmissionProcessEnded(RuntimeError):
 # out of reach there: its folder's parent is taken off sys.path, a finder ahead of all others
 # refuses the name (whatever an installed copy says), and an audit hook refuses to open any file
 # in the package folder (so loading its files by path fails too). The timing code is the source
-# of nvfp4lib/bench.py run as a private module before those guards go up. Requests and answers
+# of nvfp4lib/bench/timing.py run as a private module before those guards go up. Requests and answers
 # are JSON lines; tensors travel as torch.save files in the evaluator's work folder.
 _RUNNER = r'''
 import atexit, dataclasses, importlib.abc, importlib.util, json, os, sys, types
@@ -281,7 +281,7 @@ class SubmissionProcess:
         config.write_text(json.dumps({
             "package": PACKAGE, "package_dir": os.path.realpath(PACKAGE_DIR), "device": str(device),
             "missing": MISSING_PACKAGE, "task_source": TASK_SOURCE, "input_names": list(NAMES[:6]),
-            "timing_source": Path(nvfp4lib.bench.__file__).read_text()}))
+            "timing_source": Path(nvfp4lib.bench.timing.__file__).read_text()}))
         request_end, self._requests = os.pipe()
         self._answers, answer_end = os.pipe()
         try:

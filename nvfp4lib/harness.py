@@ -4,8 +4,8 @@ Checking (`check_once`, `check_bound`): the kernel gets a clone of the input wit
 poisoned (NaN, so an element it never writes is caught), and what it returns is checked against
 the original, which it never saw: a kernel that changes its inputs is judged on the untouched copy.
 
-Timing a call (`measure`): kernel time, leaderboard time and host-visible time (nvfp4lib.bench),
-and `timing_fields` turns them into the columns of the benchmark CSV (nvfp4lib.bench_report).
+Timing a call (`measure`): kernel time, leaderboard time and host-visible time (nvfp4lib.bench.timing),
+and `timing_fields` turns them into the columns of the benchmark CSV (nvfp4lib.bench.report).
 
 The leaderboard's benchmark, as its harness runs it (`benchmark_case`, `run_mode`,
 `run_mode_in_process`):
@@ -38,11 +38,11 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import torch
 
 from nvfp4lib import reference
-from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             Timing, gbps, leaderboard_time, time_host_visible, time_kernel)
 from nvfp4lib.contract import Shape
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
-from nvfp4lib.submission_file import load_submission
+from nvfp4lib.leaderboard.submission_file import load_submission
 
 LEADERBOARD_SEED = 1111  # the seed of every case in the leaderboard's task file
 RANKED_SEED_STEP = 13    # ranked mode: added to the seed before every timed call

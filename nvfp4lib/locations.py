@@ -2,7 +2,7 @@
 
 The package is meant to be used from a checkout (``pip install -e .``): the repository root is the
 folder above this package. Which of the two figure folders a run writes to is decided in
-nvfp4lib.plots; ``NVFP4_FIGURES_DIR`` overrides both (tests write into a temporary folder).
+nvfp4lib.bench.plots; ``NVFP4_FIGURES_DIR`` overrides both (tests write into a temporary folder).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A path is one way to compute ``c`` from the leaderboard's 7-tuple. Every tool that names a path
 takes the names of `PATHS`: the dispatcher (``dispatch.force("cute_fast")``, ``NVFP4_PATH``),
 the benchmark suite (``--only``, the CSV), the CuTe benchmark, the exporter
-(``python -m nvfp4lib.submission --path cute_fast``) and the calibration table. Names are
+(``python -m nvfp4lib.leaderboard.export --path cute_fast``) and the calibration table. Names are
 lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
 ``triton_``).
 
@@ -18,7 +18,9 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from nvfp4lib import peers, scaled_mm, triton_gemv
+from nvfp4lib import scaled_mm
+from nvfp4lib.bench import peers
+from nvfp4lib.bench import triton_gemv
 from nvfp4lib.contract import first_tensor
 from nvfp4lib.device import Capabilities
 from nvfp4lib.graphs import GraphedGemv
@@ -71,7 +73,7 @@ def fp4_gemm_emulated(caps: Capabilities) -> str | None:
 
 
 def _cute(variant: str) -> Callable:
-    from nvfp4lib.cute_gemv import CuteGemv  # compiles on first use; the DSL may be absent
+    from nvfp4lib.cute.gemv import CuteGemv  # compiles on first use; the DSL may be absent
 
     return CuteGemv(variant)
 
@@ -102,7 +104,7 @@ class GemvPath:
     build: Callable[[], Callable]  # called once per process: may compile kernels, make streams
     unavailable: Callable[[Capabilities, bool], str | None] = runs_anywhere  # why not here, or None
     kind: str = "nvfp4lib"  # "nvfp4lib" (ours), "peer" (what a user would run instead), "yardstick"
-    exportable: bool = False  # `python -m nvfp4lib.submission --path NAME` writes it as one file
+    exportable: bool = False  # `python -m nvfp4lib.leaderboard.export --path NAME` writes it as one file
     emulated: Callable[[Capabilities], str | None] | None = None  # says when it runs as an emulation here
     describe: Callable | None = None  # data -> a note for the benchmark's CSV (e.g. a fallback taken)
     timed_call: Callable | None = None  # data -> the zero-argument call a benchmark times, after untimed
@@ -161,7 +163,7 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
 
 FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
 """The paths in the order they are tried where nothing is forced or measured: the dispatcher takes
-the first that can run here, and the exported files (nvfp4lib.submission) try them in this order
+the first that can run here, and the exported files (nvfp4lib.leaderboard.export) try them in this order
 too, moving on when a path cannot run, fails its self-check at import or raises on its first call.
 "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its exact emulation elsewhere), so
 it is last."""

@@ -37,7 +37,7 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _INDEX_HEADER = """# Figures
 
 Every PNG committed in this folder, with the run that made it: its device, commit, date, mode and
-the PyTorch it ran with. Rows are written by `nvfp4lib.plots.save_figure` when a full-mode run on a
+the PyTorch it ran with. Rows are written by `nvfp4lib.bench.plots.save_figure` when a full-mode run on a
 GPU saves a figure here; runs on a CPU, in small mode or on another device write to build/figures/
 instead and leave this folder alone.
 

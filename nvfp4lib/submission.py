@@ -1,7 +1,7 @@
 """One-file leaderboard submissions, exported from nvfp4lib's own source.
 
 The leaderboard takes a single Python file that defines ``custom_kernel(data)``; nothing of this
-package is installed there. ``python -m nvfp4lib.submission --path hybrid --out submission.py``
+package is installed there. ``python -m nvfp4lib.leaderboard.export --path hybrid --out submission.py``
 writes such a file for one kernel path. Its code is not a hand-kept copy: starting from the path's
 entry function, the exporter follows every module-level name the code uses (through
 ``from nvfp4lib.x import y``, relative and function-local imports included), takes the defining
@@ -39,14 +39,14 @@ import torch
 
 import nvfp4lib
 from nvfp4lib.contract import GemvInput, NVFP4InputError
-from nvfp4lib.cute_gemv import CuteGemv
+from nvfp4lib.cute.gemv import CuteGemv
 from nvfp4lib.device import capabilities
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS, cute_unavailable
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
 from nvfp4lib.scaled_mm import HARDWARE_BACKEND, describe_backend, gemv_scaled_mm_permuted
-from nvfp4lib.submission_file import DIRECTIVE, PACKAGE
+from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE
 
 TASK_IMPORT = "from task import input_t, output_t"
 
@@ -588,7 +588,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
     generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
     imports, code = inline_objects([spec.entry] + ([] if spec.candidates else [describe_backend]), reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
-    command = " ".join([f"python -m nvfp4lib.submission --path {path}"]
+    command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
                        + [f"--fail-path {name}" for name in fail])
     header = [
@@ -662,7 +662,7 @@ def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.submission", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.leaderboard.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--path", help="which kernel path to export (see --list)")
     parser.add_argument("--out", default="submission.py", help="file to write (default: submission.py)")
     parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -692,6 +692,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     # Run the package's module, not this __main__ copy: the exporter reads objects' home modules.
-    from nvfp4lib.submission import main as _main
+    from nvfp4lib.leaderboard.export import main as _main
 
     sys.exit(_main())

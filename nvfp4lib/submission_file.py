@@ -1,8 +1,8 @@
 """A one-file leaderboard submission as a file: its text, its directive line, the stand-in `task`
 module it imports its types from, and an import of it where nvfp4lib is out of reach.
 
-nvfp4lib.evaluate runs submissions in a process of their own built on these pieces, and
-nvfp4lib.harness loads submission files with `load_submission`; both import this module, which
+nvfp4lib.leaderboard.evaluate runs submissions in a process of their own built on these pieces, and
+nvfp4lib.bench.harness loads submission files with `load_submission`; both import this module, which
 imports neither.
 """
 

@@ -1,18 +1,18 @@
-"""Every GEMV path and its peers, side by side on this machine: ``python -m nvfp4lib.suite``.
+"""Every GEMV path and its peers, side by side on this machine: ``python -m nvfp4lib.bench.suite``.
 
 One run on the GPU it starts on measures the ceilings: a 2 GiB device-to-device copy and read-only
-reduction, and per shape the streaming reads of exactly its bytes (nvfp4lib.ceilings, the best of
+reduction, and per shape the streaming reads of exactly its bytes (nvfp4lib.bench.ceilings, the best of
 several independent reads, under the same flush and timing; the "% of read" figures use the best).
 Then, for each path that can run here, it checks it once per shape against the exact reference
-(nvfp4lib.harness: the path gets a clone with c poisoned and is judged on the untouched input) and
-times it three ways (nvfp4lib.harness.measure): kernel time (calls back to back), leaderboard time
+(nvfp4lib.bench.harness: the path gets a clone with c poisoned and is judged on the untouched input) and
+times it three ways (nvfp4lib.bench.harness.measure): kernel time (calls back to back), leaderboard time
 (the leaderboard's own method: its flush right before each call, host cost hidden, the mean) and
 host-visible time (each call with the GPU idle, host cost included).
 The shapes are the three leaderboard benchmark shapes and a sweep of sizes, A from about 1 MB to
 about 256 MB at L = 1 and L = 4, wide enough to show where launch overhead stops mattering.
 
 The results go to ``build/bench/<device>.csv``, a printed table and two figures, all made by
-``nvfp4lib.bench_report``.
+``nvfp4lib.bench.report``.
 Without CUDA the suite runs scaled-down shapes with wall-clock timing so that every code path is
 exercised; those numbers say nothing about speed, and the CSV and the figures say so.
 """
@@ -31,16 +31,16 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib.bench import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
-from nvfp4lib.bench_report import (BENCH_DIR, CPU_NOTE, context_fields, device_slug, load_results, make_figures,
+from nvfp4lib.bench.timing import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
+from nvfp4lib.bench.report import (BENCH_DIR, CPU_NOTE, context_fields, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
-from nvfp4lib.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.contract import Shape, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
-from nvfp4lib.harness import check_bound, describe_error, measure as measure_timings, timing_fields
+from nvfp4lib.bench.harness import check_bound, describe_error, measure as measure_timings, timing_fields
 from nvfp4lib.paths import GemvPath, PATHS
-from nvfp4lib.plots import declare_mode
+from nvfp4lib.bench.plots import declare_mode
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 
@@ -203,7 +203,7 @@ def _reps_for(fn: Callable, plan: Plan) -> int:
 
 def measure(path: BenchPath, data, plan: Plan) -> dict:
     """Check one path once (on a clone of `data`, c poisoned, judged against `data`), then time
-    it on that clone three ways (nvfp4lib.harness.measure); a row of the CSV (without context)."""
+    it on that clone three ways (nvfp4lib.bench.harness.measure); a row of the CSV (without context)."""
     row: dict = {"status": "ok", "note": ""}
     try:
         result, fn = check_bound(path.bind, data)

@@ -1,6 +1,6 @@
 """Triton NVFP4 GEMV kernels: the lookup kernel a Triton user writes first, and Blackwell's block-scaled dot.
 
-Both are peers of the CuTe DSL kernel (nvfp4lib.cute_gemv): they read the leaderboard tensors in
+Both are peers of the CuTe DSL kernel (nvfp4lib.cute.gemv): they read the leaderboard tensors in
 place, through their strides, and cover all L batches in one launch (program grid: row blocks x L).
 
 * `TritonGemv`: per program BLOCK_M rows of one batch; a loop over K in BLOCK_K chunks loads the

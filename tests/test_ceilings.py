@@ -9,9 +9,10 @@ import sys
 import pytest
 import torch
 
-from nvfp4lib import bench_report, ceilings
-from nvfp4lib.bench import StoppingRule
-from nvfp4lib.ceilings import (FASTEST_NOTE, TorchRead, best_reads, ceiling_table, percent_of_read, read_buffer,
+from nvfp4lib.bench import report as bench_report
+from nvfp4lib.bench import ceilings
+from nvfp4lib.bench.timing import StoppingRule
+from nvfp4lib.bench.ceilings import (FASTEST_NOTE, TorchRead, best_reads, ceiling_table, percent_of_read, read_buffer,
                                read_ceilings)
 from nvfp4lib.contract import Shape
 from nvfp4lib.locations import REPO_ROOT
@@ -125,7 +126,7 @@ def test_gpu_reads_say_why_they_cannot_run_here():
 
 INTERPRETED_READ = """
 import torch
-from nvfp4lib import ceilings
+from nvfp4lib.bench import ceilings
 
 read = ceilings.TritonRead()
 random_bytes = ceilings.read_buffer(3 * 4096 + 64, "cpu")

@@ -7,15 +7,16 @@ import sys
 import pytest
 import torch
 
-from nvfp4lib import device, ptx_tools
+from nvfp4lib import device
+from nvfp4lib.study import ptx as ptx_tools
 from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
 
-cute_gemv = pytest.importorskip("nvfp4lib.cute_gemv")
-cute_decode = pytest.importorskip("nvfp4lib.cute_decode")
-cute_ptx = pytest.importorskip("nvfp4lib.cute_ptx")
+cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
+cute_decode = pytest.importorskip("nvfp4lib.cute.decode")
+cute_ptx = pytest.importorskip("nvfp4lib.cute.ptx")
 pytestmark = pytest.mark.cute
 if cute_ptx.cute is None:
     pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed", allow_module_level=True)

@@ -4,11 +4,12 @@ benchmark CSV's schema, % of the best read) and the failures it reports. No spee
 import pytest
 import torch
 
-from nvfp4lib import bench_report, cute_bench
-from nvfp4lib.bench import StoppingRule
-from nvfp4lib.ceilings import TorchRead, read_ceilings
+from nvfp4lib.bench import report as bench_report
+from nvfp4lib.bench import cute_bench
+from nvfp4lib.bench.timing import StoppingRule
+from nvfp4lib.bench.ceilings import TorchRead, read_ceilings
 from nvfp4lib.contract import Shape
-from nvfp4lib.cute_gemv import TILED, FastConfig
+from nvfp4lib.cute.gemv import TILED, FastConfig
 from nvfp4lib.problem import bytes_moved
 from nvfp4lib.reference import reference_gemv
 

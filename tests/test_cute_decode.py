@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 
-from nvfp4lib import cute_decode
+from nvfp4lib.cute import decode as cute_decode
 from nvfp4lib.formats import E2M1_VALUES
 
 
@@ -18,7 +18,11 @@ def test_cute_modules_import_without_the_dsl():
     script = textwrap.dedent("""
         import sys
         sys.modules["cutlass"] = None  # any import of the DSL now raises ImportError
-        from nvfp4lib import cute_bench, cute_decode, cute_gemv, cute_ptx, decode_models
+        from nvfp4lib.bench import cute_bench
+        from nvfp4lib.cute import decode as cute_decode
+        from nvfp4lib.cute import gemv as cute_gemv
+        from nvfp4lib.cute import ptx as cute_ptx
+        from nvfp4lib.study import decode_models
         assert cute_ptx.cute is None and cute_gemv.cute is None
         assert cute_gemv.DSL_PROBLEM.startswith("the CuTe DSL could not be imported (ModuleNotFoundError"), \\
             cute_gemv.DSL_PROBLEM

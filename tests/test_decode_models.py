@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib import decode_models as dm
+from nvfp4lib.study import decode_models as dm
 from nvfp4lib.contract import Shape
 from nvfp4lib.formats import E2M1_VALUES, byte_values
 from nvfp4lib.problem import generate_input
-from nvfp4lib.ptx_tools import instructions
+from nvfp4lib.study.ptx import instructions
 from nvfp4lib.reference import check
 
 DECODES = ("hw", "lut", "bitops")
@@ -192,7 +192,7 @@ def test_hardware_decode_halves_hold_consecutive_codes():
 
 @pytest.fixture(scope="module")
 def hw_ptx():
-    cute_gemv = pytest.importorskip("nvfp4lib.cute_gemv")
+    cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
     if cute_gemv.cute is None:
         pytest.skip("the CuTe DSL is not installed")
     return {name: (cute_gemv.compile_ptx("fast", "sm_100a", getattr(cute_gemv, name)), getattr(cute_gemv, name))
@@ -222,7 +222,7 @@ def test_pairing_check_sees_a_swapped_operand(hw_ptx):
 @pytest.mark.cute
 def test_hopper_ptx_accumulates_like_the_model():
     """sm_90a (lookup decode): the same fma.rn.f32 per block, and B's scales times 1/4 once per step."""
-    cute_gemv = pytest.importorskip("nvfp4lib.cute_gemv")
+    cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
     cfg = cute_gemv.WIDE
     ptx = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
     ops = [op for op, _ in instructions(ptx)]

@@ -11,8 +11,10 @@ import sys
 import pytest
 import torch
 
-from nvfp4lib import calibration, contract, dispatch, paths, submission
-from nvfp4lib.bench import StoppingRule, summarize
+from nvfp4lib import contract, dispatch, paths
+from nvfp4lib.bench import calibration
+from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.bench.timing import StoppingRule, summarize
 from nvfp4lib.contract import NAMES, NVFP4InputError, Shape
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, generate_input

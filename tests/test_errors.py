@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib import contract, cute_gemv, dispatch, formats, layouts, peers, problem, reference, scaled_mm
+from nvfp4lib import contract, dispatch, formats, layouts, problem, reference, scaled_mm
+from nvfp4lib.cute import gemv as cute_gemv
+from nvfp4lib.bench import peers
 from nvfp4lib.contract import NAMES, NVFP4InputError
 from nvfp4lib.paths import PATHS
 

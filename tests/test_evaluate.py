@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lib.bench import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             summarize)
 from nvfp4lib.contract import Shape
-from nvfp4lib.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, Report,
+from nvfp4lib.leaderboard.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, Report,
                                SubmissionProcess, check_secret_seed, data_seed, evaluate, format_bench_table,
                                import_isolated, main, run_benchmarks, run_tests, seed_of_benchmark, seed_of_test,
                                stopping_rules)
-from nvfp4lib.harness import RANKED_SEED_STEP, combine_seed
+from nvfp4lib.bench.harness import RANKED_SEED_STEP, combine_seed
 from nvfp4lib.locations import PACKAGE_DIR
 from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
-from nvfp4lib.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
+from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
 
@@ -414,7 +414,7 @@ def test_import_of_nvfp4lib_at_load_time_is_refused(tmp_path):
     assert not report.ok and not report.cases
     assert report.failures == [f"{path}: importing it raised ModuleNotFoundError: No module named 'nvfp4lib': the "
                                f"leaderboard machine does not have nvfp4lib; export the submission with "
-                               f"`python -m nvfp4lib.submission`, which inlines the code it needs"]
+                               f"`python -m nvfp4lib.leaderboard.export`, which inlines the code it needs"]
 
 
 LATIN1 = DIRECTIVE.encode() + "\n# café\n".encode("latin-1")
@@ -710,7 +710,7 @@ def test_cli_exit_code_after_sys_exit_in_the_call(folder, capsys):
 def test_cli_exit_code_after_os_exit_in_the_call(folder):
     """The evaluator's own exit code, from the command line: os._exit(0) in the call must not become 0."""
     path = _write(folder, "os_exit_in_the_call", KERNELS["os_exit_in_the_call"])
-    proc = subprocess.run([sys.executable, "-m", "nvfp4lib.evaluate", str(path), "--mode", "test"],
+    proc = subprocess.run([sys.executable, "-m", "nvfp4lib.leaderboard.evaluate", str(path), "--mode", "test"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert proc.stdout.splitlines()[-2:] == [
@@ -755,6 +755,6 @@ def test_a_skipped_file_does_not_exit_0(folder):
         pytest.skip("the file would run here")
     path = folder / "needs_gpu.py"
     path.write_text("NEEDS_CUDA = True\n\ndef custom_kernel(data):\n    return data[6]\n")
-    from nvfp4lib.evaluate import main
+    from nvfp4lib.leaderboard.evaluate import main
 
     assert main([str(path), "--mode", "test"]) == 3

@@ -1,4 +1,4 @@
-"""Where figures go and how figures/INDEX.md records them (nvfp4lib.plots).
+"""Where figures go and how figures/INDEX.md records them (nvfp4lib.bench.plots).
 
 A run may replace the committed figures only in full mode on a GPU that is the device of the
 committed figures; every other run writes to build/figures/. The index has one row per committed PNG.
@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from nvfp4lib import locations, plots  # noqa: E402
+from nvfp4lib import locations  # noqa: E402
+from nvfp4lib.bench import plots
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ def _gemvs():
     """name -> GEMV on the whole tuple, for every GEMV that runs on this GPU."""
     fns = {"scaled_mm_permuted": scaled_mm.gemv_scaled_mm_permuted}
     if capabilities().cute_dsl:
-        from nvfp4lib.cute_gemv import CuteGemv
+        from nvfp4lib.cute.gemv import CuteGemv
 
         fns["cute_fast"] = CuteGemv()
         per_batch, pool = CuteGemv(cache_entries=64), StreamPool(3)  # one cache entry per batch view

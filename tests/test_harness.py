@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from nvfp4lib import harness
-from nvfp4lib.bench import StoppingRule, Timing
+from nvfp4lib.bench import harness
+from nvfp4lib.bench.timing import StoppingRule, Timing
 from nvfp4lib.contract import GemvInput
-from nvfp4lib.harness import (Case, Outcome, benchmark_case, benchmark_cases, check_bound, check_once, clone_input,
+from nvfp4lib.bench.harness import (Case, Outcome, benchmark_case, benchmark_cases, check_bound, check_once, clone_input,
                               combine_seed, leaderboard_input, measure, run_mode, run_mode_in_process, timing_fields)
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.reference import reference_gemv

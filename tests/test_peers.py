@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nvfp4lib import peers
+from nvfp4lib.bench import peers
 from nvfp4lib.contract import Shape
 from nvfp4lib.formats import NVFP4Tensor, dequantize_nvfp4
 from nvfp4lib.paths import PATHS

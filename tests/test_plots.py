@@ -1,4 +1,4 @@
-"""Path colours (nvfp4lib.plots.path_color): a path has one colour in every figure and on every
+"""Path colours (nvfp4lib.bench.plots.path_color): a path has one colour in every figure and on every
 machine, whatever else a figure draws and in whatever order, under each of its names."""
 
 import os
@@ -13,10 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from nvfp4lib import bench_report, paths, submission, suite  # noqa: E402
+from nvfp4lib import paths  # noqa: E402
+from nvfp4lib.bench import report as bench_report
+from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.bench import suite
 from nvfp4lib.device import capabilities  # noqa: E402
 from nvfp4lib.locations import REPO_ROOT  # noqa: E402
-from nvfp4lib.plots import PATH_COLORS, path_color, path_key  # noqa: E402
+from nvfp4lib.bench.plots import PATH_COLORS, path_color, path_key  # noqa: E402
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved  # noqa: E402
 
 
@@ -78,7 +81,7 @@ def test_unknown_names_get_a_valid_colour_that_does_not_depend_on_the_process():
     """The fallback must not use Python's per-process salted hash of strings."""
     here = [path_color(n) for n in UNKNOWN]
     assert all(to_hex(c) == c for c in here)
-    code = f"from nvfp4lib.plots import path_color; print(' '.join(path_color(n) for n in {UNKNOWN!r}))"
+    code = f"from nvfp4lib.bench.plots import path_color; print(' '.join(path_color(n) for n in {UNKNOWN!r}))"
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed, MPLBACKEND="Agg")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib import formats, quant_study
+from nvfp4lib import formats
+from nvfp4lib.study import quantization as quant_study
 from nvfp4lib.contract import NVFP4InputError
 from tests.bitdefs import E2M1_MAGNITUDES, E4M3_MAGNITUDES, nearest_index, round_to_float32
 

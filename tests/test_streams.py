@@ -117,7 +117,7 @@ def test_pool_size_is_checked(bad):
 def _cute_per_batch():
     if not capabilities().cute_dsl:
         pytest.skip("needs the CuTe DSL")
-    from nvfp4lib.cute_gemv import CuteGemv
+    from nvfp4lib.cute.gemv import CuteGemv
 
     return CuteGemv(), CuteGemv(cache_entries=64)  # per batch: one cache entry per batch view
 

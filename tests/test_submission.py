@@ -18,16 +18,18 @@ import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib import cute_gemv, device, dispatch, paths, scaled_mm, submission
+from nvfp4lib import device, dispatch, paths, scaled_mm
+from nvfp4lib.cute import gemv as cute_gemv
+from nvfp4lib.leaderboard import export as submission
 from nvfp4lib.contract import NVFP4InputError, validate_gemv_input
-from nvfp4lib.evaluate import evaluate, import_isolated
+from nvfp4lib.leaderboard.evaluate import evaluate, import_isolated
 from nvfp4lib.formats import unpack_fp4
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.submission import (EXPORTS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_path, export_source,
+from nvfp4lib.leaderboard.export import (EXPORTS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_path, export_source,
                                  inline_objects, main, write_submission)
-from nvfp4lib.submission_file import DIRECTIVE, load_submission
+from nvfp4lib.leaderboard.submission_file import DIRECTIVE, load_submission
 
 CHECKED_PATHS = [name for name in EXPORTS if export_path(name).candidates]  # self-checked, with a fallback
 CUDA_PATHS = [name for name in EXPORTS if export_path(name).needs_cuda]
@@ -527,7 +529,7 @@ def test_fail_path_is_checked_and_written_into_the_file(tmp_path):
     text = export_source("hybrid", fail=("scaled_mm_permuted",))
     assert ("KERNEL = SelfCheckedKernel(['cute_fast', 'scaled_mm_permuted'], globals(), "
             "fail=('scaled_mm_permuted',))") in text
-    assert "`python -m nvfp4lib.submission --path hybrid --fail-path scaled_mm_permuted`" in text
+    assert "`python -m nvfp4lib.leaderboard.export --path hybrid --fail-path scaled_mm_permuted`" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the CuTe kernel would pass")

@@ -10,7 +10,8 @@ import pytest
 import torch
 from matplotlib.colors import to_hex
 
-from nvfp4lib import bench_report, suite
+from nvfp4lib.bench import report as bench_report
+from nvfp4lib.bench import suite
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.paths import PATHS
@@ -101,7 +102,7 @@ def test_a_path_that_raises_is_reported():
 
 
 def test_a_correct_path_is_timed_three_ways():
-    from nvfp4lib import peers
+    from nvfp4lib.bench import peers
 
     row = suite.measure(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
     assert row["status"] == "ok"
@@ -204,7 +205,7 @@ READ_BANDWIDTH = {"read-cute": 3600.0, "read-torch": 3300.0}  # GB/s of the synt
 
 def _synthetic_rows(reads: bool = False):
     """H200-like numbers: two of our paths and two peers, at the benchmark shapes and a small sweep;
-    with `reads`, streaming reads of every shape's bytes as nvfp4lib.ceilings writes them."""
+    with `reads`, streaming reads of every shape's bytes as nvfp4lib.bench.ceilings writes them."""
     rows = [dict(path="copy", kind="ceiling", label="copy", shape_set="ceiling", status="ok", kernel_gbps=4000.0),
             dict(path="reduction", kind="ceiling", label="sum", shape_set="ceiling", status="ok", kernel_gbps=3900.0),
             dict(path="cute_naive", kind="nvfp4lib", label="CuTe naive", shape_set="-", status="skipped",
@@ -382,8 +383,8 @@ def test_committed_results_load_and_draw(path):
 
 
 def test_every_timing_field_is_a_column():
-    from nvfp4lib.bench import summarize
-    from nvfp4lib.harness import MEASURES, timing_fields
+    from nvfp4lib.bench.timing import summarize
+    from nvfp4lib.bench.harness import MEASURES, timing_fields
 
     fields = timing_fields({m: summarize(m, [1.0, 2.0, 3.0], [0.5]) for m in MEASURES}, nbytes=1000)
     # The bandwidth of host-visible time is left out: that time includes the host's work.

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from nvfp4lib import triton_gemv
+from nvfp4lib.bench import triton_gemv
 from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_

@@ -8,7 +8,7 @@ FP4 GEMM never run. On a B200 this runs, in order:
                        skipped counts as a failure here, with the probe's reason
   GPU tests            pytest -m "gpu and not sm100" (the CuTe kernels, streams, graphs, evaluate)
   hardware vs model    the CuTe fast kernel (hardware decode) bit for bit against its numpy model
-                       (nvfp4lib.decode_models), and cuBLAS FP4 against the exact emulation
+                       (nvfp4lib.study.decode_models), and cuBLAS FP4 against the exact emulation
   notebook 03, 04      notebooks 03_scaled_mm and 04_cute_kernel in full mode (run_notebooks)
   leaderboard: hybrid  the hybrid export through the local leaderboard (test and benchmark mode);
                        its import-time self-check must pick the CuTe kernel
@@ -116,8 +116,9 @@ def hardware_against_models() -> str:
     import numpy as np
     import torch
 
-    from nvfp4lib import decode_models, scaled_mm
-    from nvfp4lib.cute_gemv import CuteGemv
+    from nvfp4lib import scaled_mm
+    from nvfp4lib.study import decode_models
+    from nvfp4lib.cute.gemv import CuteGemv
     from nvfp4lib.problem import generate_input
     from nvfp4lib.reference import check, poison_
 
@@ -167,11 +168,11 @@ def _leaderboard(fail: tuple[str, ...], expect: list[str]) -> Callable[[], str]:
     among the self-check lines its imports print."""
 
     def run() -> str:
-        from nvfp4lib.submission import write_submission
+        from nvfp4lib.leaderboard.export import write_submission
 
         file = write_submission("hybrid", WORK_DIR / f"hybrid{''.join('_fail_' + f for f in fail)}.py", fail=fail,
                                 force=True)
-        proc = subprocess.run([sys.executable, "-m", "nvfp4lib.evaluate", str(file), "--mode", "both"],
+        proc = subprocess.run([sys.executable, "-m", "nvfp4lib.leaderboard.evaluate", str(file), "--mode", "both"],
                               cwd=REPO_ROOT, capture_output=True, text=True)
         output = proc.stdout + proc.stderr
         checks = [line for line in output.splitlines() if line.startswith(("self-check", "first call"))]
@@ -194,7 +195,7 @@ ITEMS = (
          "cuBLAS FP4 against the exact reference", hardware_against_models),
     Item("notebook 03", "notebooks/03_scaled_mm.ipynb in full mode", _notebook("03_scaled_mm")),
     Item("notebook 04", "notebooks/04_cute_kernel.ipynb in full mode", _notebook("04_cute_kernel")),
-    Item("leaderboard: hybrid", "python -m nvfp4lib.evaluate on the hybrid export (self-check must pick cute_fast)",
+    Item("leaderboard: hybrid", "python -m nvfp4lib.leaderboard.evaluate on the hybrid export (self-check must pick cute_fast)",
          _leaderboard((), ["self-check ok: cute_fast on"])),
     Item("leaderboard: fallback", "the same with --fail-path cute_fast (it must fall back to scaled_mm_permuted)",
          _leaderboard(("cute_fast",), ["self-check: cute_fast failed (RuntimeError: made to fail on purpose",

@@ -6,7 +6,8 @@ Without a CUDA GPU there is nothing to time: it says so and exits 0 (like every 
 
 import sys
 
-from nvfp4lib import calibration, dispatch
+from nvfp4lib import dispatch
+from nvfp4lib.bench import calibration
 from nvfp4lib.device import capabilities
 from nvfp4lib.locations import BUILD_DIR
 

@@ -8,7 +8,7 @@ already in the cells), if anything, in NN_topic.log beside it; a re-run overwrit
 
 Mode: `--small` and `--full` set every notebook's `small` parameter; without either it is left to
 the notebook (small on a CPU, full on a GPU). Figures of full GPU runs replace the committed ones in
-figures/ (and figures/INDEX.md); every other run writes them to build/figures/ (nvfp4lib.plots).
+figures/ (and figures/INDEX.md); every other run writes them to build/figures/ (nvfp4lib.bench.plots).
 """
 
 import argparse

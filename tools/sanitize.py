@@ -4,7 +4,7 @@
 The script starts itself as a child process under each sanitizer tool, in a small driver mode that
 runs `gemv_cute` (variants "naive" and "fast") on the test shapes and on the package's extra shapes
 (`nvfp4lib.problem.EXTRA_SHAPES`: the smallest K, a K that is not a multiple of 128, large M with
-many batches), each on a clone of the input with c poisoned (nvfp4lib.harness.check_once) and the
+many batches), each on a clone of the input with c poisoned (nvfp4lib.bench.harness.check_once) and the
 result checked against the exact reference computed on the CPU. It then prints one
 summary line per tool and exits non-zero if a sanitizer reported an error, a result was wrong, or
 the driver failed. PyTorch's caching allocator is switched off in the child
@@ -62,8 +62,8 @@ def shapes_for(which: str):
 
 def drive(variants: list[str], which: str, seed: int) -> int:
     """Run every (variant, shape) once on the GPU and check it; 0 if all results are right."""
-    from nvfp4lib.cute_gemv import gemv_cute
-    from nvfp4lib.harness import check_once
+    from nvfp4lib.cute.gemv import gemv_cute
+    from nvfp4lib.bench.harness import check_once
     from nvfp4lib.problem import generate_input
 
     failed = 0
