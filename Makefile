@@ -32,7 +32,7 @@ endif
 
 help: ## show this help
 	@echo "Targets:"
-	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | awk -F'\t' '{printf "  %-16s %s\n", $$1, $$2}'
 	@echo "Variables: PYTHON=<interpreter> uses an existing environment (installs nothing);"
 	@echo "           TORCH_VERSION=$(TORCH_VERSION), TORCH_INDEX=<pip index for torch> (first install only),"
 	@echo "           PYTEST_ARGS, NOTEBOOK_ARGS (e.g. --only 04, --small, --full),"
@@ -50,7 +50,7 @@ $(VENV)/.installed: pyproject.toml
 test: $(SETUP) ## run all tests, notebooks included (small mode; 01 and 02 also in full mode)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-reproduce: $(SETUP) ## execute every notebook -> build/notebooks/: full mode on a GPU (figures/), small on a CPU (build/figures/)
+reproduce: $(SETUP) ## execute every notebook -> build/notebooks/: full mode on a GPU (figures/ on the committed figures' device, else build/figures/), small on a CPU (build/figures/)
 	$(PY) tools/run_notebooks.py --out $(BUILD_DIR)/notebooks $(NOTEBOOK_ARGS)
 
 lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" (this checkout's nvfp4lib) registered
@@ -63,7 +63,7 @@ lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" 
 # ---- bench: timing runs on a GPU --------------------------------------------------------
 BENCH_ARGS ?=
 .PHONY: bench bench-cute calibrate
-bench: $(SETUP) ## time every GEMV path and peer on this GPU -> build/bench/<device>.csv, 00_* figures (figures/ after a full run on the committed figures' device, else build/figures/)
+bench: $(SETUP) ## time every GEMV path and peer -> build/bench/<device>.csv and the 00_* figures: on a GPU in figures/ after a full run on the committed figures' device, else in build/figures/; on a CPU in build/bench/figures/
 	$(PY) -m nvfp4lib.bench.suite $(BENCH_ARGS)
 
 bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark shapes (kernel, leaderboard and host time; streaming-read ceiling)
@@ -75,7 +75,7 @@ calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> bu
 # ---- submission: the leaderboard submission file ---------------------------------------
 SUBMISSION ?= hybrid
 .PHONY: submission
-submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: python -m nvfp4lib.leaderboard.export --list) to build/submission.py and check it
+submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bin/python -m nvfp4lib.leaderboard.export --list) to build/submission.py and check it
 	$(PY) -m nvfp4lib.leaderboard.export --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py --force
 	$(PY) -m nvfp4lib.leaderboard.evaluate $(BUILD_DIR)/submission.py
 

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from nvfp4lib import locations  # noqa: E402
 from nvfp4lib.bench import plots
@@ -57,6 +58,7 @@ def test_full_gpu_run_writes_committed_figure_and_index_row(repo, monkeypatch):
     assert rows["02_first.png"]["device"] == "NVIDIA H200"
     assert rows["02_first.png"]["mode"] == "full"
     assert rows["02_first.png"]["commit"] == "0123456789ab"
+    assert rows["02_first.png"]["torch"] == torch.__version__, "the PyTorch the figure was made with"
 
 
 def test_small_or_other_device_goes_to_build(repo, monkeypatch):
@@ -90,3 +92,16 @@ def test_committed_index_lists_every_committed_png():
     assert set(rows) == pngs, f"unlisted: {sorted(pngs - set(rows))}, listed but missing: {sorted(set(rows) - pngs)}"
     assert {r["mode"] for r in rows.values()} <= {"full"}
     assert len({r["device"] for r in rows.values()}) <= 1, "committed figures come from one device"
+
+
+def test_a_committed_figure_is_shown_with_the_run_that_made_it(repo, monkeypatch, capsys):
+    monkeypatch.setattr(plots, "_device_name", lambda: "NVIDIA H200")
+    plots.declare_mode("full")
+    path = _save("02_measured")
+    capsys.readouterr()
+    assert plots.show_committed_figure("02_measured", "the times") == path
+    out = capsys.readouterr().out
+    assert out.startswith("the times: not measured here; the committed figure figures/02_measured.png, from a full "
+                          f"run on NVIDIA H200 at commit 0123456789ab with torch {torch.__version__} (")
+    assert plots.show_committed_figure("02_absent", "the times") is None
+    assert capsys.readouterr().out == "the times: no committed figure figures/02_absent.png; a run on a GPU draws it\n"

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError
@@ -48,7 +48,8 @@ def test_encode_rounds_to_nearest_even_and_saturates(x, want):
     assert same_floats(got, [want]), (x, got, want)
 
 
-@settings(max_examples=100, deadline=None)
+# No deadline and no too_slow health check: how fast this machine is must not decide a property.
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.floats(-8, 8, allow_nan=False, width=32), min_size=1, max_size=64))
 def test_encode_matches_brute_force(xs):
     got = encode_e2m1(torch.tensor(xs, dtype=torch.float32)).tolist()
@@ -66,7 +67,7 @@ def test_pack_puts_even_index_in_low_nibble():
     assert unpack_fp4(packed).tolist() == [[0x1, 0x2, 0xF, 0x8]]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.integers(1, 5), min_size=0, max_size=3), st.integers(1, 40), st.integers(0, 2**31))
 def test_pack_unpack_round_trip(lead, half_k, seed):
     gen = torch.Generator().manual_seed(seed)
@@ -126,7 +127,7 @@ def test_quantize_uses_full_e4m3_range():
     assert decode_e4m3(q.scales).max().item() == pytest.approx(E4M3_MAX, rel=0.07)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(-20, 20), st.integers(0, 2**31))
 def test_quantize_is_exact_on_the_grid(rows, blocks, exp, seed):
     """Blocks of E2M1 values times an E4M3 scale (each block holding a +-6) come back bit-exact."""

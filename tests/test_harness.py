@@ -18,7 +18,10 @@ from nvfp4lib.bench.harness import (Case, Outcome, benchmark_case, benchmark_cas
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.reference import reference_gemv
 
-FEW = StoppingRule(max_calls=4, budget_s=1e9)  # 4 timed calls (the 100 ms minimum keeps the error rule out)
+# Exactly 4 timed calls on any machine: min_calls = max_calls, so no rule but max_calls can stop the
+# timing (with the default min_calls of 3, a machine slow enough to pass the 100 ms minimum within 3
+# calls could let the standard-error rule stop at 3).
+FEW = StoppingRule(max_calls=4, budget_s=1e9, min_calls=4)
 SHAPES = [(128, 64, 1), (128, 128, 2)]
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvfp4lib.contract import NVFP4InputError, scale_tile_counts
@@ -30,7 +30,8 @@ def test_scale_tile_counts():
     assert scale_tile_counts(7168, 16384 // 16) == (56, 256)
 
 
-@settings(max_examples=60, deadline=None)
+# No deadline and no too_slow health check: how fast this machine is must not decide a property.
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes)
 def test_permuted_index_formula_and_round_trip(shape):
     mn, kb, l, seed = shape
@@ -52,7 +53,7 @@ def test_permuted_index_formula_and_round_trip(shape):
     assert torch.equal(as_bytes(back), as_bytes(sf))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes)
 def test_blocked_byte_formula_and_round_trip(shape):
     mn, kb, _, seed = shape
@@ -69,7 +70,7 @@ def test_blocked_byte_formula_and_round_trip(shape):
     assert torch.equal(as_bytes(from_blocked(flat, mn, kb)), as_bytes(sf))
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(shapes)
 def test_permuted_is_blocked_per_batch_without_copy(shape):
     mn, kb, l, seed = shape

@@ -338,10 +338,12 @@ def test_path_passes_the_local_leaderboard_test_mode(exported, name):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 @pytest.mark.parametrize("name", CUDA_PATHS)
 def test_cute_file_without_cuda_says_why_and_runs_its_fallback(exported, name, capsys):
+    """No CUDA GPU is an expected reason to fall back: information on stdout, no warning on stderr."""
     module = load_submission(exported[name])
-    err = capsys.readouterr().err.splitlines()
-    assert err == [f"self-check: {name} failed (RuntimeError: the CuTe kernel needs the inputs on a CUDA GPU); "
-                   "using scaled_mm_permuted instead", "self-check ok: scaled_mm_permuted on cpu"]
+    said = capsys.readouterr()
+    assert said.out.splitlines() == [f"{name} cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); "
+                                     "using scaled_mm_permuted", "self-check ok: scaled_mm_permuted on cpu"]
+    assert said.err == ""
     assert module.BACKEND.startswith("torch._scaled_mm on the permuted scales: emulated")
     data = generate_input(128, 256, 1, seed=11)
     poison_(data.c)
@@ -421,18 +423,36 @@ def test_a_failing_build_falls_back_with_one_line(fake_paths, capsys):
                       second=scaled_mm.gemv_scaled_mm_permuted)
     namespace = {}
     kernel = SelfCheckedKernel(["first", "second"], namespace, device="cpu")
-    assert capsys.readouterr().err.splitlines() == [
+    said = capsys.readouterr()
+    assert said.err.splitlines() == [
         "self-check: first failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
-        "using second instead", "self-check ok: second on cpu"]
+        "using second instead"]
+    assert said.out.splitlines() == ["self-check ok: second on cpu"]
     assert (kernel.name, namespace["BACKEND"]) == ("second", "fake second")
+
+
+def test_a_path_that_cannot_run_here_is_information_not_a_warning(fake_paths, capsys):
+    """Passed over with a line on stdout when another path runs; on stderr when none is left."""
+    fake_paths.update(gpu_only=submission.PathUnavailable("needs a CUDA GPU"), here=scaled_mm.gemv_scaled_mm_permuted)
+    kernel = SelfCheckedKernel(["gpu_only", "here"], {}, device="cpu")
+    said = capsys.readouterr()
+    assert said.out.splitlines() == ["gpu_only cannot run here (needs a CUDA GPU); using here",
+                                     "self-check ok: here on cpu"]
+    assert said.err == "" and kernel.name == "here"
+    SelfCheckedKernel(["gpu_only"], {}, device="cpu")
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err.splitlines() == ["gpu_only cannot run here (needs a CUDA GPU); no path is left: custom_kernel "
+                                     "will raise"]
 
 
 def test_a_wrong_result_falls_back(fake_paths, capsys):
     fake_paths.update(sign_bug=_ignores_sign, right=scaled_mm.gemv_scaled_mm_permuted)
     kernel = SelfCheckedKernel(["sign_bug", "right"], {}, device="cpu")
-    first, last = capsys.readouterr().err.splitlines()
+    said = capsys.readouterr()
+    first, = said.err.splitlines()
     assert first.startswith("self-check: sign_bug failed (wrong result at (m, k, l) = (128, 256, 2): ")
-    assert first.endswith("; using right instead") and last == "self-check ok: right on cpu"
+    assert first.endswith("; using right instead") and said.out.splitlines() == ["self-check ok: right on cpu"]
     assert kernel.name == "right"
 
 
@@ -448,13 +468,14 @@ def test_a_failing_first_call_falls_back_and_later_calls_go_straight_to_the_kern
     fake_paths.update(flaky=breaks_on_its_first_real_call, steady=scaled_mm.gemv_scaled_mm_permuted)
     namespace = {}
     namespace["KERNEL"] = SelfCheckedKernel(["flaky", "steady"], namespace, device="cpu")
-    assert capsys.readouterr().err.splitlines() == ["self-check ok: flaky on cpu"]
+    assert capsys.readouterr().out.splitlines() == ["self-check ok: flaky on cpu"]
     data = generate_input(256, 512, 2, seed=5)
     poison_(data.c)
     assert check(namespace["KERNEL"](data), data).ok
-    assert capsys.readouterr().err.splitlines() == [
-        "first call: flaky failed (RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU); using steady instead",
-        "self-check ok: steady on cpu"]
+    said = capsys.readouterr()
+    assert said.err.splitlines() == [
+        "first call: flaky failed (RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU); using steady instead"]
+    assert said.out.splitlines() == ["self-check ok: steady on cpu"]
     assert namespace["KERNEL"] is scaled_mm.gemv_scaled_mm_permuted  # no wrapper left on the hot path
     assert namespace["BACKEND"] == "fake steady"
 
@@ -496,10 +517,11 @@ def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch
         kernel = SelfCheckedKernel(export_path("hybrid").candidates, {}, device="cpu")
     finally:
         cute_gemv._compiled.cache_clear()
-    err = capsys.readouterr().err.splitlines()
-    assert err[-2] == ("self-check: cute_fast failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
-                       "using scaled_mm_permuted instead")
-    assert err[-1] == "self-check ok: scaled_mm_permuted on cpu" and kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
+    said = capsys.readouterr()
+    assert said.err.splitlines()[-1] == ("self-check: cute_fast failed (RuntimeError: NVVM_ERROR_COMPILATION: "
+                                         "unsupported operation); using scaled_mm_permuted instead")
+    assert said.out.splitlines()[-1] == "self-check ok: scaled_mm_permuted on cpu"
+    assert kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
 
 
 def test_fail_path_is_checked_and_written_into_the_file(tmp_path):

@@ -405,3 +405,12 @@ def test_find_results_prefers_this_device_then_committed(tmp_path, monkeypatch):
     assert bench_report.find_results("b200") == results / "h200.csv"
     (bench / "h200.csv").write_text("x")
     assert bench_report.find_results("h200") == bench / "h200.csv"
+
+
+def test_results_source_names_file_device_date_commit_and_torch(tmp_path):
+    row = dict(path="copy", env_gpu="NVIDIA H200", date="2026-12-01", commit="8ecbe5c", env_torch="2.11.0+cu130")
+    assert bench_report.results_source(bench_report.RESULTS_DIR / "h200.csv", [dict(path="x"), row]) == \
+        "results/h200.csv: NVIDIA H200, 2026-12-01, commit 8ecbe5c, torch 2.11.0+cu130"
+    outside = tmp_path / "r.csv"
+    assert bench_report.results_source(outside, []) == \
+        f"{outside}: unknown device, undated, commit unknown, torch unknown"

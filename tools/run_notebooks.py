@@ -3,7 +3,8 @@
 
 Each notebook runs in a fresh kernel of this interpreter with notebooks/ as working directory, so
 relative paths in a notebook behave as in JupyterLab. The executed copy (outputs, or the traceback
-on failure) is written to --out; a re-run overwrites it.
+on failure) is written to --out, with what the kernel wrote below Python (its processes' output,
+already in the cells), if anything, in NN_topic.log beside it; a re-run overwrites both.
 
 Mode: `--small` and `--full` set every notebook's `small` parameter; without either it is left to
 the notebook (small on a CPU, full on a GPU). Figures of full GPU runs replace the committed ones in
@@ -53,6 +54,32 @@ def _kernel_env():
         os.environ.update(saved)
 
 
+@contextlib.contextmanager
+def _kernel_output_to(log_path: Path):
+    """The notebook kernel's own stdout and stderr go to `log_path`, not to this terminal.
+
+    What a kernel and the processes it starts write to its file descriptors (a submission's
+    self-check in a subprocess, a C library's warning) is copied by ipykernel into the cells and
+    also echoed to the kernel's terminal, where it would cut into this runner's progress line. The
+    kernel inherits its descriptors when it starts, so this runner lends it the log for the run."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(log_path, "wb") as log:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in ((1, saved[0]), (2, saved[1])):
+            os.dup2(copy, fd)
+            os.close(copy)
+        if log_path.exists() and log_path.stat().st_size == 0:
+            log_path.unlink()  # nothing was written: no file
+
+
 def _describe(path: Path, out_path: Path, exc: Exception) -> str:
     """Where the notebook failed, in the numbering of the committed notebook (1 = first cell)."""
     import nbformat
@@ -82,15 +109,17 @@ def run_notebook(path: Path, out_path: Path, *, small: bool | None = None, seed:
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.unlink(missing_ok=True)
+    log_path = out_path.with_suffix(".log")
     try:
-        with _kernel_env():
+        with _kernel_env(), _kernel_output_to(log_path):
             papermill.execute_notebook(
                 str(path), str(out_path), parameters=parameters, kernel_name="python3",
                 language="python", cwd=str(Path(path).parent), execution_timeout=timeout,
                 progress_bar=False, extra_arguments=["--IPKernelApp.log_level=ERROR"],
             )
     except Exception as exc:  # papermill errors, cell timeouts, dead kernels
-        raise NotebookFailed(_describe(Path(path), out_path, exc)) from None
+        said = f"\nthe kernel's own output: {log_path}" if log_path.exists() else ""
+        raise NotebookFailed(_describe(Path(path), out_path, exc) + said) from None
 
 
 def main(argv: list[str] | None = None) -> int:

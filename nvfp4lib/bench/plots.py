@@ -32,13 +32,14 @@ from nvfp4lib import locations  # noqa: E402
 
 DPI = 110
 INDEX_NAME = "INDEX.md"
-INDEX_COLUMNS = ("figure", "notebook", "device", "commit", "date", "mode")
+INDEX_COLUMNS = ("figure", "notebook", "device", "commit", "date", "mode", "torch")
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _INDEX_HEADER = """# Figures
 
-Every PNG committed in this folder, with the run that made it. Rows are written by
-`nvfp4lib.bench.plots.save_figure` when a full-mode run on a GPU saves a figure here; runs on a CPU, in
-small mode or on another device write to build/figures/ instead and leave this folder alone.
+Every PNG committed in this folder, with the run that made it: its device, commit, date, mode and
+the PyTorch it ran with. Rows are written by `nvfp4lib.bench.plots.save_figure` when a full-mode run on a
+GPU saves a figure here; runs on a CPU, in small mode or on another device write to build/figures/
+instead and leave this folder alone.
 
 """
 
@@ -132,13 +133,36 @@ def save_figure(fig, name: str) -> Path:
     fig.savefig(path, dpi=DPI, bbox_inches="tight", metadata={"Software": None})
     if out_dir == locations.COMMITTED_FIGURES_DIR:
         rows = read_index()
+        import torch
+
         rows[path.name] = {"figure": path.name, "notebook": _notebook_of(name), "device": _device_name(),
-                           "commit": locations.checkout_commit(), "date": datetime.date.today().isoformat(), "mode": _mode}
+                           "commit": locations.checkout_commit(), "date": datetime.date.today().isoformat(),
+                           "mode": _mode, "torch": torch.__version__}
         _write_index(rows, out_dir)
     if out_dir not in _said:
         _said.add(out_dir)
         print(f"figures of this run go to {_shown(out_dir)}/ ({why})")
     print(f"saved {_shown(path)}")
+    return path
+
+
+def show_committed_figure(name: str, what: str) -> Path | None:
+    """Show the committed figure `name` where this machine does not measure `what` (a CPU), named
+    with the run that made it (its figures/INDEX.md row: device, commit, torch, date, mode) -> its path,
+    or None (and a line saying so) where no such figure is committed."""
+    path = locations.COMMITTED_FIGURES_DIR / f"{name}.png"
+    row = read_index().get(path.name)
+    if row is None or not path.is_file():
+        print(f"{what}: no committed figure {_shown(path)}; a run on a GPU draws it")
+        return None
+    print(f"{what}: not measured here; the committed figure {_shown(path)}, from a {row['mode']} run on "
+          f"{row['device']} at commit {row['commit']} with torch {row['torch']} ({row['date']}; listed in "
+          f"figures/{INDEX_NAME})")
+    try:
+        from IPython.display import Image, display
+    except ImportError:  # outside IPython the line above is all there is
+        return path
+    display(Image(filename=str(path)))
     return path
 
 

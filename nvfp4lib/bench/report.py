@@ -147,6 +147,18 @@ def find_results(slug: str | None = None) -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
+def results_source(path: Path | str, rows: list[dict]) -> str:
+    """Where recorded rows were measured, to print with every number taken from them: the file
+    (relative to the checkout), the device, the date, the commit and the torch of the run."""
+    def first(column: str, missing: str) -> str:
+        return next((str(r[column]) for r in rows if r.get(column)), missing)
+
+    path = Path(path)
+    shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+    return (f"{shown}: {first('env_gpu', 'unknown device')}, {first('date', 'undated')}, "
+            f"commit {first('commit', 'unknown')}, torch {first('env_torch', 'unknown')}")
+
+
 # ------------------------------------------------------------------------------ measures and ceilings
 
 STATISTIC = {"kernel": "median", "leaderboard": "mean", "host-visible": "median"}  # the figure each measure reports

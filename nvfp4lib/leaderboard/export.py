@@ -13,7 +13,9 @@ the finished file is checked to refer to no undefined name before it is written.
 The CuTe and hybrid files choose their kernel once, at import time, so that no timed call pays for
 probing or compiling: `SelfCheckedKernel` (inlined the same way) tries the file's first path and then
 the rest of `paths.FALLBACK_ORDER`, keeps the first that computes a small full-range input exactly
-right, and falls back again if the first real call raises, saying on stderr what failed and why.
+right, and falls back again if the first real call raises. A path that cannot run on the machine
+(a CuTe kernel without a CUDA GPU) is passed over with a line of information on stdout; a path
+that fails its self-check or its first call is a warning on stderr saying what failed and why.
 """
 
 from __future__ import annotations
@@ -97,17 +99,22 @@ def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | No
     return None
 
 
+class PathUnavailable(RuntimeError):
+    """A path that cannot run on this machine at all (not a failure: the fallback order is for this)."""
+
+
 def build_path(name: str) -> tuple[str, Callable, bool]:
     """(description, kernel, takes signed scales) of one path a file may run: "cute_fast",
     "cute_naive", or "scaled_mm_permuted" (cuBLAS FP4 on Blackwell, its exact emulation elsewhere).
-    Raises RuntimeError saying why it cannot run here. The exported file carries this function, not
+    Raises PathUnavailable saying why it cannot run here, RuntimeError for a name that is no such
+    path, and whatever building the kernel raises. The exported file carries this function, not
     `paths.PATHS` (whose builders would pull every path and peer into the file); the names and the
     reasons are the registry's."""
     caps = capabilities()
     if name.startswith("cute_"):
         why_not = cute_unavailable(caps, caps.cuda)
         if why_not is not None:
-            raise RuntimeError(why_not)
+            raise PathUnavailable(why_not)
         variant = name.removeprefix("cute_")
         runner = CuteGemv(variant)
         call = "TVM-FFI call" if runner.tvm_ffi else "plain call path, no apache-tvm-ffi"
@@ -129,9 +136,11 @@ class SelfCheckedKernel:
     `self_check` on this machine, chosen once, at import.
 
     A candidate that cannot run here, raises, or computes a wrong result is passed over, and so is one
-    whose first real call raises (an NVFP4InputError excepted: that is the caller's mistake). Each is
-    reported with one line on stderr saying which path failed, why, and what runs instead; the path
-    chosen says "self-check ok: <path> on <device>". `fail` names paths to fail on purpose, to
+    whose first real call raises (an NVFP4InputError excepted: that is the caller's mistake). A path
+    that cannot run on this machine (`PathUnavailable`) is expected there and said as information on
+    stdout, "<path> cannot run here (<why>); using <path>"; every other failure is a warning, one line
+    on stderr saying which path failed, why, and what runs instead. The path chosen says
+    "self-check ok: <path> on <device>" on stdout. `fail` names paths to fail on purpose, to
     exercise the fallback. After the first call that succeeds, ``namespace["KERNEL"]`` (the file's
     globals, read by its ``custom_kernel``) is the chosen kernel itself: later calls pay nothing
     for this object. ``namespace["BACKEND"]`` always describes what runs.
@@ -154,6 +163,9 @@ class SelfCheckedKernel:
                     raise RuntimeError("made to fail on purpose (exported with --fail-path)")
                 description, kernel, signed = build_path(name)
                 problem = self_check(kernel, self.device, signed)
+            except PathUnavailable as err:  # expected where the machine lacks what the path needs
+                self.failed.append(("unavailable", name, str(err)))
+                continue
             except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
                 problem = _one_line(err)
             if problem is None:
@@ -170,13 +182,18 @@ class SelfCheckedKernel:
     def _report(self, chosen: str | None) -> None:
         instead = f"using {chosen} instead" if chosen else "no path is left: custom_kernel will raise"
         for stage, name, why in self.failed:
-            print(f"{stage}: {name} failed ({why}); {instead}", file=sys.stderr)
+            if stage == "unavailable" and chosen:  # information: falling back is what the order is for
+                print(f"{name} cannot run here ({why}); using {chosen}")
+            elif stage == "unavailable":
+                print(f"{name} cannot run here ({why}); {instead}", file=sys.stderr)
+            else:
+                print(f"{stage}: {name} failed ({why}); {instead}", file=sys.stderr)
         self.failed = []
         if chosen:
             caps = capabilities()
             where = f"{caps.name} (sm_{caps.sm[0]}{caps.sm[1]})" if self.device == "cuda" and caps.sm else \
                 str(self.device)
-            print(f"self-check ok: {chosen} on {where}", file=sys.stderr)
+            print(f"self-check ok: {chosen} on {where}")
 
     def __call__(self, data):
         if self.kernel is None:
@@ -584,7 +601,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
     ]
     if spec.candidates:
         options = f", fail={tuple(fail)!r}" if fail else ""
-        setup = ["# Tried in this order at import; the first whose self-check passes runs (messages on stderr).",
+        setup = ["# Tried in this order at import; the first whose self-check passes runs (failures on stderr).",
                  f"KERNEL = {spec.entry.__name__}({list(spec.candidates)!r}, globals(){options})",
                  "BACKEND = KERNEL.description  # what runs (updated if the first call has to fall back)"]
         call = "KERNEL(data)"
