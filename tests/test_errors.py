@@ -51,6 +51,12 @@ def shifted(t: torch.Tensor, by: int) -> torch.Tensor:
     return out.view(t.dtype)
 
 
+def _inference_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t made inside torch.inference_mode() (same strides), to be used outside it."""
+    with torch.inference_mode():
+        return t.clone()
+
+
 def k40():
     """a and b with K = 40: a multiple of 16 (one scale per 16) but not of 64."""
     def packed(rows):
@@ -98,6 +104,12 @@ TUPLE_CASES = [
               r"c: expected dtype torch\.float16, got torch\.float32"),
     TupleCase("c-bfloat16", lambda: with_(BASE, c=BASE.c.bfloat16()),
               r"c: expected dtype torch\.float16, got torch\.bfloat16"),
+    # c as autograd or inference mode sees it: every path writes c in place
+    TupleCase("c-requires-grad", lambda: with_(BASE, c=BASE.c.clone().requires_grad_()),
+              r"c: expected a tensor that does not require grad .*, got requires_grad=True"),
+    TupleCase("c-inference", lambda: with_(BASE, c=_inference_copy(BASE.c)),
+              r"c: expected a tensor that may be written here, got an inference tensor outside "
+              r"torch\.inference_mode\(\)"),
     # ranks
     TupleCase("a-rank2", lambda: with_(BASE, a=BASE.a[:, :, 0]), r"a: expected rank 3, got shape \(256, 64\)"),
     TupleCase("sfa-rank4", lambda: with_(BASE, sfa=BASE.sfa.unsqueeze(0)),
