@@ -144,7 +144,7 @@ def test_emulation_is_a_full_gemm():
     qa = quantize_nvfp4(torch.randn(256, 640, generator=gen), global_scale=1.0)
     qb = quantize_nvfp4(torch.randn(128, 640, generator=gen), global_scale=1.0)
     out = scaled_mm.emulated_scaled_mm_fp4(qa.codes, qb.codes.T, to_blocked(qa.scales),
-                                           to_blocked(qb.scales), torch.float32)
+                                           to_blocked(qb.scales), out_dtype=torch.float32)
     want = dequantize_nvfp4(qa).double() @ dequantize_nvfp4(qb).double().T
     torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-4)
 
@@ -178,6 +178,60 @@ def test_emulation_checks_like_scaled_mm():
         emu(fp4_bytes(a[:, :, 0]), b[:, :, 0].T, sa, sb)
     with pytest.raises(NVFP4InputError, match="multiples of 16"):
         emu(a[:, :, 0], b[:8, :, 0].T, sa, sb)
+
+
+def _emulation_args():
+    data, _ = _case(Shape(256, 1024, 1), "full")
+    a, b, _, _, sfa_p, sfb_p, _ = data
+    return a[:, :, 0], b[:, :, 0].T, permuted_as_blocked(sfa_p, 0), permuted_as_blocked(sfb_p, 0)
+
+
+@pytest.mark.parametrize("out_dtype", [torch.int8, torch.bool, torch.uint8, torch.int32, torch.float64,
+                                       torch.complex64, torch.float8_e4m3fn, torch.float4_e2m1fn_x2, None, "float16",
+                                       float])
+def test_emulation_refuses_the_outputs_scaled_mm_refuses(out_dtype):
+    """torch._scaled_mm's FP4 GEMM writes fp16, bf16 or fp32: an int8 or bool output (which a cast
+    would truncate) is refused, naming out_dtype."""
+    with pytest.raises(NVFP4InputError, match=r"^out_dtype: expected one of torch\.float16, torch\.bfloat16, "
+                                              r"torch\.float32 .*, got "):
+        scaled_mm.emulated_scaled_mm_fp4(*_emulation_args(), out_dtype=out_dtype)
+
+
+@pytest.mark.parametrize("out_dtype", scaled_mm.OUT_DTYPES)
+def test_emulation_writes_each_output_dtype_scaled_mm_writes(out_dtype):
+    args = _emulation_args()
+    want = scaled_mm.emulated_scaled_mm_fp4(*args, out_dtype=torch.float32)
+    got = scaled_mm.emulated_scaled_mm_fp4(*args, out_dtype=out_dtype)
+    assert got.dtype == out_dtype and torch.equal(got, want.to(out_dtype))
+
+
+def test_emulation_takes_scaled_mms_other_arguments_with_its_checks():
+    args = _emulation_args()
+    emu = scaled_mm.emulated_scaled_mm_fp4
+    plain = emu(*args)
+    bias = torch.linspace(-2, 2, 128, dtype=torch.float16)
+    assert torch.equal(emu(*args, bias=bias), (emu(*args, out_dtype=torch.float32) + bias.float()).half())
+    assert torch.equal(emu(*args, scale_result=torch.tensor(1.0)), plain)  # unused for a 16-bit output, as in torch
+    with pytest.raises(NVFP4InputError, match=r"^use_fast_accum: expected False .*float4_e2m1fn_x2"):
+        emu(*args, use_fast_accum=True)
+    with pytest.raises(NVFP4InputError, match=r"^bias: expected 128 elements .* of torch\.float16 .*, got "
+                                              r"torch\.bfloat16 with 128 elements"):
+        emu(*args, bias=bias.bfloat16())
+    with pytest.raises(NVFP4InputError, match=r"^bias: expected 128 elements .*, got torch\.float16 with 64"):
+        emu(*args, bias=bias[:64])
+    with pytest.raises(NVFP4InputError, match=r"^bias: expected None: .*no bias for a float32 output"):
+        emu(*args, bias=bias.float(), out_dtype=torch.float32)
+    with pytest.raises(NVFP4InputError, match=r"^bias: expected .*, got list"):
+        emu(*args, bias=[0.0] * 128)
+    with pytest.raises(NVFP4InputError, match=r"^scale_result: expected None or a float32 scalar tensor"):
+        emu(*args, scale_result=torch.ones(2))
+    with pytest.raises(NVFP4InputError, match=r"^scale_result: expected None or a float32 scalar tensor"):
+        emu(*args, scale_result=1.0)
+    mat1, mat2, sa, sb = args
+    with pytest.raises(NVFP4InputError, match=r"^scale_b: expected a torch\.Tensor, got NoneType"):
+        emu(mat1, mat2, sa, None)
+    with pytest.raises(NVFP4InputError, match=r"^mat1, mat2, scale_a, scale_b: expected one device, got .*meta"):
+        emu(mat1, mat2, sa, sb.to("meta"))
 
 
 # --- bad inputs ---------------------------------------------------------------------------------
