@@ -78,6 +78,13 @@ def _cute(variant: str) -> Callable:
     return CuteGemv(variant)
 
 
+def _scaled_mm_permuted() -> Callable:
+    """A named builder (not a lambda): the exported files inline it, as they inline `_cute`."""
+    from nvfp4lib.scaled_mm import gemv_scaled_mm_permuted
+
+    return gemv_scaled_mm_permuted
+
+
 def _reference_into_c(data):
     """The exact reference, rounded to fp16 and written into c (slow; a yardstick)."""
     exact = reference_gemv(data)  # validates data
@@ -127,7 +134,7 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
              exportable=True, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_permuted", "_scaled_mm permuted", "torch._scaled_mm per batch on views of the permuted "
              "scales, which already are the blocked buffers (cuBLAS FP4 GEMM on Blackwell, its exact "
-             "emulation elsewhere)", lambda: scaled_mm.gemv_scaled_mm_permuted, exportable=True,
+             "emulation elsewhere)", _scaled_mm_permuted, exportable=True,
              emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_transposed", "_scaled_mm transposed", "torch._scaled_mm as B @ A.T, scales converted "
              f"for all batches at once, batches on {TRANSPOSED_STREAMS} CUDA streams",
@@ -162,11 +169,11 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
 )}
 
 FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
-"""The paths in the order they are tried where nothing is forced or measured: the dispatcher takes
-the first that can run here, and the exported files (nvfp4lib.leaderboard.export) try them in this order
-too, moving on when a path cannot run, fails its self-check at import or raises on its first call.
-"scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its exact emulation elsewhere), so
-it is last."""
+"""The paths in the order they are tried where nothing is forced or measured: the dispatcher and the
+exported files (nvfp4lib.leaderboard.runtime) both take, through `fallback.first_working`, the first
+that can run here, builds and passes its self-check (the dispatcher starts from a measured table's
+choice where it has one). "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its exact
+emulation elsewhere), so it is last."""
 
 
 def check_name(name: str, source: str) -> str:

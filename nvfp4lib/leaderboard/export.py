@@ -11,9 +11,11 @@ be found, or a reference to the package itself stops the export with an error th
 the finished file is checked to refer to no undefined name before it is written.
 
 The CuTe and hybrid files choose their kernel once, at import time, so that no timed call pays for
-probing or compiling: `SelfCheckedKernel` (inlined the same way) tries the file's first path and then
-the rest of `paths.FALLBACK_ORDER`, keeps the first that computes a small full-range input exactly
-right, and falls back again if the first real call raises, saying on stderr what failed and why.
+probing or compiling: they inline `nvfp4lib.leaderboard.runtime` (the code that runs in a
+submission, kept apart from this exporter) and, for each path they may run, the registry's own
+`unavailable` and `build` functions from `nvfp4lib.paths`. The choice is `fallback.first_working`'s,
+the dispatcher's chooser: the file's path, then the rest of `paths.FALLBACK_ORDER`, the first that
+can run here, builds and passes its self-check. `sections` reads a generated file's sections back.
 """
 
 from __future__ import annotations
@@ -31,19 +33,12 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
-
-import torch
+from typing import Callable, NamedTuple
 
 import nvfp4lib
-from nvfp4lib.contract import GemvInput, NVFP4InputError
-from nvfp4lib.cute.gemv import CuteGemv
-from nvfp4lib.device import capabilities
-from nvfp4lib.layouts import to_permuted
-from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS, cute_unavailable
-from nvfp4lib.problem import generate_input
-from nvfp4lib.reference import check, poison_
-from nvfp4lib.scaled_mm import HARDWARE_BACKEND, describe_backend, gemv_scaled_mm_permuted
+from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS
+from nvfp4lib.scaled_mm import describe_backend
+from nvfp4lib.leaderboard.runtime import choose_kernel
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE
 
 TASK_IMPORT = "from task import input_t, output_t"
@@ -54,154 +49,13 @@ class ExportError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Runtime: the paths a file may run, their self-check, and the fallback between them (inlined)
-
-
-SELF_CHECK_SHAPES = ((128, 256, 2), (128, 2048, 1))
-"""What every candidate path runs at import: K = 256 and K = 2048 take the fast kernel's two tiles
-(`cute_gemv.default_config`), L = 2 a second batch."""
-SELF_CHECK_SEED = 20250
-
-
-def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = True):
-    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector,
-    and the E4M3 scales `generate_input` draws in full mode (zeros, subnormals, both signs).
-
-    ``signed_scales=False`` clears the scales' sign bits: cuBLAS reads NVFP4 block scales as
-    unsigned UE4M3 (the sign bit is ignored), and the leaderboard's scales are never negative.
-    """
-    a, b, sfa, sfb, _, _, c = generate_input(m, k, l, seed=SELF_CHECK_SEED, mode="full", device=device)
-    every_byte = torch.arange(256, dtype=torch.uint8, device=device)
-    a.view(torch.uint8)[:128, :2, 0] = every_byte.view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
-    codes = torch.arange(16, dtype=torch.uint8, device=device)
-    b.view(torch.uint8)[0, :16, :] = (codes | (codes.flip(0) << 4)).unsqueeze(-1)  # the vector, every batch
-    if not signed_scales:
-        for sf in (sfa, sfb):
-            sf.view(torch.uint8).bitwise_and_(0x7F)
-    return GemvInput(a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c)
-
-
-def self_check(kernel: Callable, device, signed_scales: bool = True) -> str | None:
-    """Run `kernel` on the `SELF_CHECK_SHAPES` inputs (output poisoned first) and compare it with the
-    exact reference (`reference.check`: an integer dequantize-and-sum, the leaderboard's tolerance).
-    None when every element matches; else what went wrong. Exceptions propagate."""
-    for shape in SELF_CHECK_SHAPES:
-        data = self_check_input(*shape, device, signed_scales)
-        poison_(data.c)
-        out = kernel(data)
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize()
-        result = check(out, data)
-        if not result.ok:
-            return f"wrong result at (m, k, l) = {shape}: {result.message.splitlines()[0]}"
-    return None
-
-
-def build_path(name: str) -> tuple[str, Callable, bool]:
-    """(description, kernel, takes signed scales) of one path a file may run: "cute_fast",
-    "cute_naive", or "scaled_mm_permuted" (cuBLAS FP4 on Blackwell, its exact emulation elsewhere).
-    Raises RuntimeError saying why it cannot run here. The exported file carries this function, not
-    `paths.PATHS` (whose builders would pull every path and peer into the file); the names and the
-    reasons are the registry's."""
-    caps = capabilities()
-    if name.startswith("cute_"):
-        why_not = cute_unavailable(caps, caps.cuda)
-        if why_not is not None:
-            raise RuntimeError(why_not)
-        variant = name.removeprefix("cute_")
-        runner = CuteGemv(variant)
-        call = "TVM-FFI call" if runner.tvm_ffi else "plain call path, no apache-tvm-ffi"
-        return f"CuTe DSL {variant!r} kernel for {caps.cute_arch} ({call})", runner, True
-    if name != "scaled_mm_permuted":
-        raise RuntimeError(f"{name!r} is not a path an exported file can fall back to")
-    how = describe_backend("cuda" if caps.cuda else "cpu")
-    return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_BACKEND
-
-
-def _one_line(err: BaseException) -> str:
-    """The error's type and first line, at most 400 characters, cut between words."""
-    text = (str(err).strip().splitlines() or [""])[0]
-    return textwrap.shorten(f"{type(err).__name__}: {text}", width=400, placeholder=" ...")
-
-
-class SelfCheckedKernel:
-    """The kernel of an exported file: the first of `candidates` (names for `build_path`) that passes
-    `self_check` on this machine, chosen once, at import.
-
-    A candidate that cannot run here, raises, or computes a wrong result is passed over, and so is one
-    whose first real call raises (an NVFP4InputError excepted: that is the caller's mistake). Each is
-    reported with one line on stderr saying which path failed, why, and what runs instead; the path
-    chosen says "self-check ok: <path> on <device>". `fail` names paths to fail on purpose, to
-    exercise the fallback. After the first call that succeeds, ``namespace["KERNEL"]`` (the file's
-    globals, read by its ``custom_kernel``) is the chosen kernel itself: later calls pay nothing
-    for this object. ``namespace["BACKEND"]`` always describes what runs.
-    """
-
-    def __init__(self, candidates, namespace: dict, *, fail=(), device=None):
-        self.pending = list(candidates)
-        self.namespace = namespace
-        self.fail = frozenset(fail)
-        self.device = device if device is not None else ("cuda" if capabilities().cuda else "cpu")
-        self.failed: list[tuple[str, str, str]] = []  # (stage, path, why), not yet reported
-        self.name, self.description, self.kernel = None, "", None
-        self._choose()
-
-    def _choose(self) -> None:
-        while self.pending:
-            name = self.pending.pop(0)
-            try:
-                if name in self.fail:
-                    raise RuntimeError("made to fail on purpose (exported with --fail-path)")
-                description, kernel, signed = build_path(name)
-                problem = self_check(kernel, self.device, signed)
-            except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
-                problem = _one_line(err)
-            if problem is None:
-                self._report(name)
-                self.name, self.description, self.kernel = name, description, kernel
-                self.namespace["BACKEND"] = description
-                return
-            self.failed.append(("self-check", name, problem))
-        self._report(None)
-        self.name, self.kernel = None, None
-        self.description = "no path passed its self-check"
-        self.namespace["BACKEND"] = self.description
-
-    def _report(self, chosen: str | None) -> None:
-        instead = f"using {chosen} instead" if chosen else "no path is left: custom_kernel will raise"
-        for stage, name, why in self.failed:
-            print(f"{stage}: {name} failed ({why}); {instead}", file=sys.stderr)
-        self.failed = []
-        if chosen:
-            caps = capabilities()
-            where = f"{caps.name} (sm_{caps.sm[0]}{caps.sm[1]})" if self.device == "cuda" and caps.sm else \
-                str(self.device)
-            print(f"self-check ok: {chosen} on {where}", file=sys.stderr)
-
-    def __call__(self, data):
-        if self.kernel is None:
-            raise RuntimeError("no GEMV path passed its self-check on this machine (see the lines printed on "
-                               "stderr when the file was imported)")
-        try:
-            out = self.kernel(data)
-        except NVFP4InputError:
-            raise
-        except Exception as err:  # noqa: BLE001 - the next path gets this call
-            self.failed.append(("first call", self.name, _one_line(err)))
-            self._choose()
-            return self(data)
-        self.namespace["KERNEL"] = self.kernel
-        return out
-
-
-# ---------------------------------------------------------------------------------------------
 # The paths
 
 
 @dataclass(frozen=True)
 class ExportPath:
-    """What `custom_kernel` runs: ``entry(data, **kwargs)``; or, with `candidates`, the
-    `SelfCheckedKernel` of those runtime paths (`build_path`), chosen once at import time."""
+    """What `custom_kernel` runs: ``entry(data, **kwargs)``; or, with `candidates`, the kernel that
+    `runtime.choose_kernel` picks from those paths of nvfp4lib.paths, once, at import time."""
 
     entry: Callable
     summary: str
@@ -229,10 +83,10 @@ HYBRID_SUMMARY = ("the dispatcher's choice without a measured table: the first p
 def export_path(name: str) -> ExportPath:
     """How the file for `name` (an exportable path of nvfp4lib.paths, or "hybrid") runs its path."""
     if name == HYBRID:
-        return ExportPath(SelfCheckedKernel, HYBRID_SUMMARY, candidates=_with_fallback())
+        return ExportPath(choose_kernel, HYBRID_SUMMARY, candidates=_with_fallback())
     path = PATHS[name]
     if name.startswith("cute_"):
-        return ExportPath(SelfCheckedKernel, f"{path.summary}; compiled and self-checked at import (needs a CUDA "
+        return ExportPath(choose_kernel, f"{path.summary}; compiled and self-checked at import (needs a CUDA "
                           "GPU; else, or if it fails, the fallback order)", candidates=_with_fallback(name),
                           needs_cuda=True)
     fn = path.build()
@@ -384,6 +238,8 @@ class _Module:
                     needed += [(target, alias.name) for alias in node.names]
                     for n in range(node.lineno, node.end_lineno + 1):
                         del lines[n]
+                    if not lines.get(node.end_lineno + 1, "x").strip():  # and the blank line after it
+                        del lines[node.end_lineno + 1]
                     if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
         return "\n".join(lines[n] for n in sorted(lines)), needed
@@ -544,6 +400,32 @@ def _literal_call(name: str, first: str, kwargs: dict) -> str:
     return f"{name}({', '.join([first] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
 
 
+def _inlined_call(fn, what: str) -> tuple[Callable, str]:
+    """(the function to inline, the expression a generated file calls) for a path's builder or
+    availability check: a named function of the package, or a functools.partial of one with literal
+    arguments. The registry's own functions, so that a file builds each path as the dispatcher does."""
+    args: tuple = ()
+    if isinstance(fn, functools.partial):
+        if fn.keywords:
+            raise ExportError(f"{what}: a functools.partial with keywords cannot be inlined; pass them positionally")
+        fn, args = fn.func, fn.args
+    if not _is_package_module(getattr(fn, "__module__", None)) or getattr(fn, "__name__", "<lambda>") == "<lambda>":
+        raise ExportError(f"{what}: {fn!r} cannot be inlined; give it a name in {PACKAGE}.paths")
+    return fn, (f"lambda: {fn.__name__}({', '.join(map(repr, args))})" if args else fn.__name__)
+
+
+def _candidate_table(candidates) -> tuple[list, list[str]]:
+    """(functions to inline, the lines of the dict literal name -> (unavailable, build)) for `choose_kernel`."""
+    objects, lines = [], []
+    for name in candidates:
+        path = PATHS[name]
+        unavailable, unavailable_text = _inlined_call(path.unavailable, f"{name}: unavailable")
+        build, build_text = _inlined_call(path.build, f"{name}: build")
+        objects += [unavailable, build]
+        lines.append(f"    {name!r}: ({unavailable_text}, {build_text}),")
+    return objects, lines
+
+
 def _path(name: str) -> ExportPath:
     if name not in EXPORTS:
         raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(EXPORTS)}")
@@ -569,7 +451,9 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         choices = ", ".join(spec.candidates) if spec.candidates else f"none: {path!r} has no fallback"
         raise ExportError(f"--fail-path {unknown[0]!r}: not a path of {path!r} (its paths: {choices})")
     generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
-    imports, code = inline_objects([spec.entry] + ([] if spec.candidates else [describe_backend]), reserved=generated)
+    table, table_lines = _candidate_table(spec.candidates)
+    imports, code = inline_objects([spec.entry] + (table if spec.candidates else [describe_backend]),
+                                   reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
@@ -584,15 +468,16 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
     ]
     if spec.candidates:
         options = f", fail={tuple(fail)!r}" if fail else ""
-        setup = ["# Tried in this order at import; the first whose self-check passes runs (messages on stderr).",
-                 f"KERNEL = {spec.entry.__name__}({list(spec.candidates)!r}, globals(){options})",
-                 "BACKEND = KERNEL.description  # what runs (updated if the first call has to fall back)"]
+        setup = ["# Chosen once, now: the first of these paths (name: its availability check and builder, as in",
+                 "# nvfp4lib.paths) that can run here and passes its self-check. Logged with `logging`: a path that",
+                 "# cannot run here at INFO, a failing one as a WARNING. BACKEND says what runs.",
+                 f"KERNEL, BACKEND = {spec.entry.__name__}({{", *table_lines, f"}}{options})"]
         call = "KERNEL(data)"
     else:
         setup = ["BACKEND = describe_backend()  # probes the machine now, not inside the first timed call"]
         call = _literal_call(spec.entry.__name__, "data", kwargs)
     tail = [
-        f"# {'=' * 96}", "# The leaderboard entry point", f"# {'=' * 96}", "",
+        f"# {'=' * 96}", ENTRY_POINT_TITLE, f"# {'=' * 96}", "",
         *setup, "", "",
         "def custom_kernel(data: input_t) -> output_t:",
         f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0], written into c and returned ({path})."""',
@@ -622,6 +507,33 @@ def _check_self_contained(source: str, path: str) -> None:
     missing = sorted(_global_references(source) - defined - set(dir(builtins)))
     if missing:
         raise ExportError(f"the file generated for {path!r} uses undefined names: {', '.join(missing)}")
+
+
+GENERATED = "header, imports, entry point"
+"""The name `sections` gives the generated parts of a file: its head (up to the first inlined
+module) and its tail (the leaderboard entry point)."""
+ENTRY_POINT_TITLE = "# The leaderboard entry point"
+
+
+class Section(NamedTuple):
+    name: str  # the inlined module's file ("nvfp4lib/scaled_mm.py"), or GENERATED
+    lines: int
+
+
+def sections(source: str) -> list[Section]:
+    """The sections of a file `export_source` wrote, in order: each inlined module under the file
+    named by its header, and `GENERATED` for the head and the tail. The line counts add up to the
+    file's; a module's count includes its 4-line header and the blank lines before the next one."""
+    rule = f"# {'=' * 96}"
+    lines = source.splitlines()
+    starts = [(0, GENERATED)]
+    for i, line in enumerate(lines[:-1]):
+        if line == rule and lines[i + 1].startswith(f"# {PACKAGE}/"):
+            starts.append((i, lines[i + 1][2:].strip()))
+        elif line == rule and lines[i + 1] == ENTRY_POINT_TITLE:
+            starts.append((i, GENERATED))
+    ends = [start for start, _ in starts[1:]] + [len(lines)]
+    return [Section(name, end - start) for (start, name), end in zip(starts, ends) if end > start]
 
 
 def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[str, ...] = (),
