@@ -33,10 +33,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def clean_dispatch(monkeypatch):
-    """dispatch.DISPATCHER (behind custom_kernel) as a fresh process finds it: no NVFP4_PATH, no table."""
+    """dispatch.DISPATCHER (behind custom_kernel) as a fresh process finds it: no NVFP4_PATH or
+    NVFP4_CHECK_SCALES, no table."""
     from nvfp4lib import dispatch
 
     monkeypatch.delenv(dispatch.PATH_ENV_VAR, raising=False)
+    monkeypatch.delenv(dispatch.CHECK_SCALES_ENV_VAR, raising=False)
     dispatch.set_table(None)
     yield
     dispatch.set_table(None)

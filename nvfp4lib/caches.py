@@ -9,13 +9,13 @@ class TupleCache:
 
     A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
     all that the prepared data depends on: the object (its id), data address, shape, strides,
-    dtype and device. The container is not part of it, so a tuple and a list of the same
-    tensors share an entry, and a list whose items are replaced, or a tensor re-pointed in
-    place (``set_``, ``.data = ...``, ``as_strided_``), is prepared again. An entry holds its
-    tensors, so their ids cannot be reused while it lives, and a hit means every remembered
-    address is where each tensor's data is now. Values are not in the key (c is written by
-    every call): nothing prepared here may depend on them. Per call: 6 reads of each tensor
-    and one dict lookup, a few microseconds of host time and no device work.
+    dtype, device and whether it requires grad (validation refuses a c that does). The container
+    is not part of it, so a tuple and a list of the same tensors share an entry, and a list whose
+    items are replaced, or a tensor re-pointed in place (``set_``, ``.data = ...``,
+    ``as_strided_``), is prepared again. An entry holds its tensors, so their ids cannot be reused
+    while it lives, and a hit means every remembered address is where each tensor's data is now.
+    Values are not in the key (c is written by every call): nothing prepared here may depend on
+    them. Per call: 7 reads of each tensor and one dict lookup, a few microseconds of host time and no device work.
     """
 
     def __init__(self, max_entries: int = 4):
@@ -24,8 +24,8 @@ class TupleCache:
 
     @staticmethod
     def key(data) -> tuple:
-        """Per tensor: (id, data address, shape, strides, dtype, device)."""
-        return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
+        """Per tensor: (id, data address, shape, strides, dtype, device, requires_grad)."""
+        return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in data])
 
     def get(self, data, make):
         """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""

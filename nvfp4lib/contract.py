@@ -144,8 +144,9 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCAL
     """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
 
     `check_storage=False` skips strides and alignment, for code that indexes the tensors
-    (the reference) rather than reading raw pointers. Always refused: a zero M, K or L, and a
-    `c` that shares memory with an input (the byte ranges of their storages overlap, e.g. c is
+    (the reference) rather than reading raw pointers. Always refused: a `c` that requires grad or
+    cannot be written in place here (an inference tensor outside inference mode), a zero M, K or
+    L, and a `c` that shares memory with an input (the byte ranges of their storages overlap, e.g. c is
     a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
     what a kernel writes through raw pointers elsewhere cannot be detected.
     """
@@ -179,6 +180,14 @@ def _validate_tensors(t: dict, whole: str, device, need_m_multiple: int | None, 
             raise NVFP4InputError(f"{name}: expected dtype {DTYPES[name]}, got {x.dtype}")
         if x.dim() != RANKS[name]:
             raise NVFP4InputError(f"{name}: expected rank {RANKS[name]}, got shape {tuple(x.shape)}")
+
+    c = t["c"]
+    if c.requires_grad:
+        raise NVFP4InputError("c: expected a tensor that does not require grad (the GEMV writes c in place, outside "
+                              "autograd), got requires_grad=True")
+    if c.is_inference() and not torch.is_inference_mode_enabled():
+        raise NVFP4InputError("c: expected a tensor that may be written here, got an inference tensor outside "
+                              "torch.inference_mode() (PyTorch refuses in-place writes to it)")
 
     m, half_k, l = t["a"].shape
     k = 2 * half_k

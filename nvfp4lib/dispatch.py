@@ -2,8 +2,10 @@
 
 Which path wins depends on the device and on the shape, so the choice is made per shape, once:
 
-* inputs on the CPU: the exact emulation of the FP4 GEMM (``scaled_mm_permuted``, fp32
-  accumulation like the reference's `torch._scaled_mm`, rounded once to fp16);
+* inputs on the CPU: the emulation of the FP4 GEMM (``scaled_mm_permuted``: exact products summed
+  in fp32, like cuBLAS and the reference's `torch._scaled_mm`, then rounded to fp16). It is not
+  exact: where large products cancel, fp32 partial sums can lose a small term (the exact integer
+  reference, path "reference", is exact: one rounding of the exact sum);
 * Blackwell (``capabilities().fp4_gemm``): `torch._scaled_mm` or the CuTe kernel, per shape
   class, from a table measured on this GPU (`nvfp4lib.bench.calibration.calibrate`, saved and loaded
   as JSON). With no table the default is the CuTe kernel, reported as "default, not measured";
@@ -11,26 +13,40 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
-Apart from the table, each of these is the first path of `paths.FALLBACK_ORDER` that can run here;
-the exported one-file submissions try the same order. A chosen path that fails to build (a kernel
-that does not compile for this GPU) gives way to the next one, and `explain` says so.
+Apart from the table, each of these is the first path of `paths.FALLBACK_ORDER` that can run here.
+The path is then taken by `fallback.first_working`, the chooser the exported one-file submissions
+use too: the chosen path, else the next of FALLBACK_ORDER, that builds and passes the self-check (a
+small full-range input against the exact reference). A path that fails it is never used again by
+this dispatcher; a later call that raises (an input a path refuses) changes nothing. `explain` and
+`decisions` say what was taken and why.
 
 For experiments a path can be forced by name: ``with force("scaled_mm_permuted"): ...`` or the
-environment variable NVFP4_PATH. `explain(data)` says which path would run and why.
+environment variable NVFP4_PATH (a forced path is built as it is: no self-check, no fallback).
+`force` holds for the thread and the asyncio task that entered it (a context variable) and nests.
+`explain(data)` plans the call exactly as `custom_kernel(data)` would at that moment (forcing and
+NVFP4_PATH read then, the path built and checked) and returns the decision it acts on.
+
+With ``Dispatcher(check_scales=True)``, or NVFP4_CHECK_SCALES=1 in the environment for the default
+``check_scales=None``, every call first checks that sfa / sfb agree with sfa_permuted /
+sfb_permuted (`layouts.check_scale_copies`, a full read of the scales): paths read one copy or the
+other, so copies that disagree give answers that depend on the path.
 
 The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for
-an independent set of choices. Cost per call: after the first call of a shape, one dictionary
-lookup keyed by (a.shape, a.is_cuda) and the path's own call, which validates its input (the
-dispatcher reads only a's shape). The environment and the table are read when a shape is first
-seen: after changing NVFP4_PATH call `reset()` (forcing and setting a table reset by themselves).
+an independent set of choices. Cost per call: after the first call of a shape, a context-variable
+read, two environment reads (NVFP4_PATH, NVFP4_CHECK_SCALES), one dictionary lookup keyed by
+(a.shape, a.is_cuda, what forces a path) and the path's own call, which validates its input (the
+dispatcher reads only a's shape). The first call of a shape cannot be made while a CUDA graph is
+being captured (it builds and self-checks a path): make one before capturing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -39,9 +55,12 @@ import torch
 
 from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
+from nvfp4lib.fallback import first_working
+from nvfp4lib.layouts import check_scale_copies
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name, cute_unavailable, fallback_paths
 
 PATH_ENV_VAR = "NVFP4_PATH"
+CHECK_SCALES_ENV_VAR = "NVFP4_CHECK_SCALES"
 DEFAULT_NOTE = "default, not measured"
 BLACKWELL_DEFAULT = FALLBACK_ORDER[0]  # a measured table may say otherwise per shape
 
@@ -91,13 +110,24 @@ class Decision:
 def _device_reason(name: str, caps: Capabilities, on_cuda: bool) -> str:
     """Why `name`, the first path of FALLBACK_ORDER that can run here, suits this machine."""
     if not on_cuda:
-        return ("inputs on the CPU: the exact emulation of the FP4 GEMM (fp32 accumulation, one rounding to "
-                "fp16), the reference-style path")
+        return ("inputs on the CPU: the emulation of the FP4 GEMM (exact products summed in fp32 like cuBLAS, "
+                "then rounded to fp16; not exact where large products cancel), the reference-style path")
     if name == BLACKWELL_DEFAULT:
         return f"{caps.name}: no FP4 GEMM below sm_100, the CuTe kernel decodes FP4 itself"
     if caps.fp4_gemm:
         return f"Blackwell without the CuTe DSL: cuBLAS FP4 GEMM is the only kernel ({cute_unavailable(caps, on_cuda)})"
-    return f"{caps.name}: no FP4 GEMM and no CuTe DSL, the exact emulation on the GPU"
+    return (f"{caps.name}: no FP4 GEMM and no CuTe DSL, the emulation on the GPU (exact products summed in fp32, "
+            "like cuBLAS)")
+
+
+def _env_check_scales() -> bool:
+    """NVFP4_CHECK_SCALES: "1" on, "0" or unset off; anything else is refused, not read as off."""
+    value = os.environ.get(CHECK_SCALES_ENV_VAR, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"{CHECK_SCALES_ENV_VAR}: expected 0 or 1, got {value!r}")
 
 
 class Dispatcher:
@@ -105,21 +135,32 @@ class Dispatcher:
 
     Calling it runs the GEMV (`custom_kernel`). `table` is a measured `Table` (or None); `force`
     and NVFP4_PATH override everything; `explain` and `decisions` say what was chosen and why.
+    ``check_scales``: check the plain scales against the permuted ones on every call (True), never
+    (False), or as NVFP4_CHECK_SCALES says at each call (None).
     """
 
-    def __init__(self, table: Table | None = None):
+    def __init__(self, table: Table | None = None, *, check_scales: bool | None = None):
+        if not (check_scales is None or isinstance(check_scales, bool)):
+            raise ValueError(f"check_scales: expected True, False or None (NVFP4_CHECK_SCALES decides), "
+                             f"got {check_scales!r}")
         self._table = table
-        self._forced: list[str] = []
-        self._plans: dict = {}  # (a.shape, a.is_cuda) -> callable
+        self.check_scales = check_scales
+        # the names force() pushed, per thread and asyncio task (a tuple: each context sees its own)
+        self._forced: contextvars.ContextVar = contextvars.ContextVar(f"nvfp4lib_forced_{id(self)}", default=())
+        self._plans: dict = {}  # (a.shape, a.is_cuda, forced name, NVFP4_PATH) -> callable
         self._decisions: dict = {}  # same key -> Decision
         self._built: dict = {}  # path name -> callable, built once
+        self._checked: dict = {}  # device -> {path name: None (passed its self-check) or why it failed}
+        self._lock = threading.RLock()  # planning builds kernels: one thread at a time
 
     # -- the measured table
 
     def reset(self) -> None:
-        """Forget every per-shape choice (they are made again, reading NVFP4_PATH and the table)."""
-        self._plans.clear()
-        self._decisions.clear()
+        """Forget every per-shape choice (they are made again at the next call). What was built and
+        each path's self-check verdict are kept: a path that failed it stays passed over."""
+        with self._lock:
+            self._plans.clear()
+            self._decisions.clear()
 
     def table(self) -> Table | None:
         return self._table
@@ -149,10 +190,17 @@ class Dispatcher:
 
     # -- the decision
 
-    def _forced_name(self) -> tuple[str, str] | None:
-        if self._forced:
-            return self._forced[-1], "forced"
-        env = os.environ.get(PATH_ENV_VAR, "").strip()
+    def _overrides(self) -> tuple[str | None, str | None]:
+        """What may force a path, read now: the innermost force() of this thread or task, NVFP4_PATH."""
+        forced = self._forced.get()
+        return (forced[-1] if forced else None), os.environ.get(PATH_ENV_VAR)
+
+    @staticmethod
+    def _forced_name(overrides) -> tuple[str, str] | None:
+        forced, env = overrides
+        if forced is not None:
+            return forced, "forced"
+        env = (env or "").strip()
         if env and env != "auto":
             return check_name(env, PATH_ENV_VAR), "env"
         return None
@@ -160,12 +208,16 @@ class Dispatcher:
     def choose(self, shape, *, on_cuda: bool | None = None, caps: Capabilities | None = None,
                tab: Table | None = None) -> Decision:
         """The path for a shape on this machine, or on the one ``caps`` describes (a what-if);
-        ``on_cuda`` says where the inputs live (default: on the GPU if there is one)."""
+        ``on_cuda`` says where the inputs live (default: on the GPU if there is one). What the
+        first choice is, before `first_working` builds and checks it (`explain` says what runs)."""
+        return self._choose(shape, on_cuda, caps, tab, self._overrides())
+
+    def _choose(self, shape, on_cuda, caps, tab, overrides) -> Decision:
         caps = caps if caps is not None else capabilities()
         on_cuda = caps.cuda if on_cuda is None else on_cuda
         tab = tab if tab is not None else self._table
         key = shape_class(shape)
-        forced = self._forced_name()
+        forced = self._forced_name(overrides)
         if forced is not None:
             name, source = forced
             how = f"force({name!r})" if source == "forced" else f"{PATH_ENV_VAR}={name}"
@@ -182,62 +234,89 @@ class Dispatcher:
         return Decision(name, _device_reason(name, caps, on_cuda), key, "device")
 
     def explain(self, data) -> Decision:
-        """Which path `custom_kernel(data)` runs for these inputs, and why."""
-        return self.choose(shape_of(data), on_cuda=first_tensor(data).is_cuda)
+        """Which path `custom_kernel(data)` runs for these inputs now, and why: the call's own plan
+        (made here if the call has not made it yet, building and checking the path as the call would)."""
+        a = first_tensor(data)
+        key = (a.shape, a.is_cuda, *self._overrides())
+        if key not in self._decisions:
+            self._plan(data, key)
+        return self._decisions[key]
 
     def decisions(self) -> dict:
-        """The choices made so far: (a.shape, on_cuda) -> Decision."""
-        return dict(self._decisions)
+        """The choices made so far under the forcing in effect now: (a.shape, on_cuda) -> Decision."""
+        now = self._overrides()
+        return {(shape, on_cuda): decision for (shape, on_cuda, *overrides), decision in list(self._decisions.items())
+                if tuple(overrides) == now}
 
     @contextlib.contextmanager
     def force(self, name: str):
-        """Run every call inside the block on path ``name`` (nests; restores after)."""
+        """Run every call inside the block on path ``name``: in this thread and asyncio task only
+        (other threads and tasks keep their own choice), nested blocks innermost first."""
         check_name(name, "force")
-        self._forced.append(name)
-        self.reset()
+        token = self._forced.set(self._forced.get() + (name,))
         try:
             yield
         finally:
-            self._forced.pop()
-            self.reset()
+            self._forced.reset(token)
 
     # -- running
 
     def build(self, name: str) -> Callable:
         """Path `name`'s callable, built once per dispatcher."""
-        if name not in self._built:
-            self._built[name] = PATHS[name].build()
-        return self._built[name]
+        with self._lock:
+            if name not in self._built:
+                self._built[name] = PATHS[name].build()
+            return self._built[name]
 
     def _plan(self, data, key) -> Callable:
-        on_cuda = key[1]
-        decision = self.choose(shape_of(data), on_cuda=on_cuda)
-        why_not = PATHS[decision.path].unavailable(capabilities(), on_cuda)
-        if why_not is not None:
-            raise RuntimeError(f"path {decision.path!r} ({decision.reason}) cannot run here: {why_not}")
-        while True:
-            try:
+        with self._lock:
+            if key in self._plans:  # another thread planned it meanwhile
+                return self._plans[key]
+            a, on_cuda = first_tensor(data), key[1]
+            if on_cuda and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("custom_kernel: the first call of a shape chooses, builds and self-checks its path, "
+                                   "which cannot be done while a CUDA graph is being captured; call it once before "
+                                   "capturing")
+            caps = capabilities()
+            decision = self._choose(shape_of(data), on_cuda, None, None, key[2:])
+            if decision.source in ("forced", "env"):  # built as it is, or the build's error
+                why_not = PATHS[decision.path].unavailable(caps, on_cuda)
+                if why_not is not None:
+                    raise RuntimeError(f"path {decision.path!r} ({decision.reason}) cannot run here: {why_not}")
                 run = self.build(decision.path)
-                break
-            except Exception as err:  # noqa: BLE001 - e.g. a kernel that does not compile for this GPU
-                # a path the user forced is built or fails; a chosen one gives way to the next of FALLBACK_ORDER
-                rest = ([] if decision.source in ("forced", "env") or decision.path not in FALLBACK_ORDER
-                        else fallback_paths(capabilities(), on_cuda, after=decision.path))
-                if not rest:
-                    raise
-                why = f"{decision.path} could not be built ({type(err).__name__}: {err})"
-                decision = Decision(rest[0], f"{why}; the next path of FALLBACK_ORDER", decision.shape_class,
-                                    "fallback")
-        self._plans[key], self._decisions[key] = run, decision
-        return run
+            else:
+                run, decision = self._first_working(decision, caps, on_cuda, a.device)
+            self._plans[key], self._decisions[key] = run, decision
+            return run
+
+    def _first_working(self, decision: Decision, caps: Capabilities, on_cuda: bool,
+                       device) -> tuple[Callable, Decision]:
+        """The chosen path, or the first of FALLBACK_ORDER behind it, that builds and passes its self-check."""
+        after = decision.path if decision.path in FALLBACK_ORDER else None
+        candidates = [decision.path] + [p for p in fallback_paths(caps, on_cuda, after=after) if p != decision.path]
+        checked = self._checked.setdefault(str(device), {})
+        choice = first_working(candidates, self.build, device, checked=checked,
+                               unavailable=lambda name: PATHS[name].unavailable(caps, on_cuda))
+        why = "; ".join(str(item) for item in choice.passed_over)
+        if choice.name is None:
+            raise RuntimeError(f"no GEMV path passed its self-check on {device}: {why}")
+        if choice.name != decision.path:
+            decision = Decision(choice.name, f"{why}; the next path of FALLBACK_ORDER", decision.shape_class,
+                                "fallback")
+        return choice.kernel, decision
+
+    def _scales_checked(self) -> bool:
+        return self.check_scales if self.check_scales is not None else _env_check_scales()
 
     def __call__(self, data) -> torch.Tensor:
         """c = A @ B per batch, written into the c of `data` and returned."""
         a = first_tensor(data)
-        key = (a.shape, a.is_cuda)
+        key = (a.shape, a.is_cuda, *self._overrides())
         run = self._plans.get(key)
         if run is None:
             run = self._plan(data, key)
+        if self._scales_checked():
+            check_scale_copies(data)
         return run(data)
 
 

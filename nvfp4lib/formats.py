@@ -18,7 +18,8 @@ E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
 FP4_MAX = 6.0
 E4M3_MAX = 448.0
 
-FLOAT32_MAX = torch.finfo(torch.float32).max  # NVFP4's per-tensor scale is an fp32 number
+FLOAT32_MAX = torch.finfo(torch.float32).max  # NVFP4's per-tensor scale is an fp32 number ...
+FLOAT32_MIN_NORMAL = torch.finfo(torch.float32).tiny  # ... a normal one: 2^-126 at least
 
 
 def _midpoints(magnitudes) -> tuple[float, ...]:
@@ -148,16 +149,21 @@ class NVFP4Tensor:
 
 
 def _require_global_scale(value, name: str) -> float:
-    """A positive float within float32's range: NVFP4 stores the per-tensor scale as an fp32."""
+    """A positive normal float32 value: NVFP4 stores the per-tensor scale as an fp32, and one below
+    float32's smallest normal (2^-126) is a subnormal or no float32 at all (1e-300 is 0 there)."""
     try:
-        ok = bool(0 < value <= FLOAT32_MAX)  # False for NaN and Inf
-        beyond = not ok and math.isfinite(value) and value > FLOAT32_MAX
-    except TypeError:
-        ok = beyond = False
-    if not ok:
-        raise NVFP4InputError(f"{name}: expected a finite positive float, got {value!r}"
-                              + (f", beyond float32's range (max {FLOAT32_MAX:.6g})" if beyond else ""))
-    return float(value)
+        v = float(value) if not isinstance(value, (bool, str, bytes)) else math.nan
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a tensor of several elements
+        v = math.nan
+    if not (math.isfinite(v) and FLOAT32_MIN_NORMAL <= v <= FLOAT32_MAX) or isinstance(value, (bool, str, bytes)):
+        detail = ""
+        if math.isfinite(v) and v > FLOAT32_MAX:
+            detail = f", beyond float32's range (max {FLOAT32_MAX:.6g})"
+        elif math.isfinite(v) and 0 < v < FLOAT32_MIN_NORMAL:
+            detail = ", below float32's smallest normal (a subnormal, or no float32 at all)"
+        raise NVFP4InputError(f"{name}: expected a positive normal float32 ({FLOAT32_MIN_NORMAL:.6g} to "
+                              f"{FLOAT32_MAX:.6g}), got {value!r}{detail}")
+    return v
 
 
 def quantize_blocks(x: torch.Tensor, block_size: int = BLOCK_SIZE,
@@ -168,8 +174,10 @@ def quantize_blocks(x: torch.Tensor, block_size: int = BLOCK_SIZE,
     scale). The global scale (amax / (6 * 448) unless given) moves the data's range to the top of
     E4M3's; each block gets the E4M3 scale nearest to its amax / 6 / global, each value the E2M1
     code nearest to value / (scale * global). The arithmetic is float64 on x converted once, so no
-    input is rounded before its code, and a tensor so small that its global scale is no normal
-    float32 keeps its data.
+    input is rounded before its code. A given global scale must be a positive normal float32
+    (2^-126 to float32's max); the derived one is never below 2^-126, so a tensor whose amax is
+    under 6 * 448 * 2^-126 gets block scales below 448 (and a block under 6 * 2^-9 * 2^-126, about
+    1e-40, quantizes to zero: the format has nothing smaller).
     """
     require_real(x, "x")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
@@ -182,7 +190,8 @@ def quantize_blocks(x: torch.Tensor, block_size: int = BLOCK_SIZE,
         raise NVFP4InputError("x: expected finite values, got NaN or Inf")
     if global_scale is None:
         amax = exact.abs().max().item() if exact.numel() else 0.0
-        global_scale = amax / (FP4_MAX * E4M3_MAX) if amax > 0 else 1.0
+        # at least float32's smallest normal: the block scales take the rest, down to E4M3's 2^-9
+        global_scale = max(amax / (FP4_MAX * E4M3_MAX), FLOAT32_MIN_NORMAL) if amax > 0 else 1.0
         if global_scale > FLOAT32_MAX:
             raise NVFP4InputError(f"x: expected max |x| <= 6 * 448 * {FLOAT32_MAX:.6g} (a global scale "
                                   f"within float32's range), got {amax:.6g}")

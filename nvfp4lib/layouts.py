@@ -12,8 +12,9 @@ import numbers
 
 import torch
 
-from nvfp4lib.contract import (NVFP4InputError, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, byte_view,
-                               permuted_strides, require_tensor, scale_tile_counts, strides_match)
+from nvfp4lib.contract import (BLOCK_SIZE, NVFP4InputError, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS,
+                               byte_view, permuted_strides, require_tensor, scale_tile_counts, strides_match,
+                               validate_gemv_input)
 
 
 def _bytes(sf: torch.Tensor, name: str) -> torch.Tensor:
@@ -117,3 +118,37 @@ def permuted_as_blocked(sfp: torch.Tensor, l: int) -> torch.Tensor:
     if not 0 <= l < batches.shape[0]:
         raise NVFP4InputError(f"l: expected 0 <= l < {batches.shape[0]}, got {l}")
     return batches[l]
+
+
+def _e4m3_value(byte: int) -> float:
+    return torch.tensor(byte, dtype=torch.uint8).view(torch.float8_e4m3fn).item()
+
+
+def check_scale_copies(data) -> None:
+    """Check that the 7-tuple's two copies of each operand's scales agree: sfa with sfa_permuted
+    (every row), sfb with sfb_permuted (row 0, the vector's; rows 1..127 are filler no path uses).
+
+    The paths read one copy or the other (the reference and the plain-scale kernels sfa / sfb, the
+    `torch._scaled_mm` views and the naive CuTe kernel the permuted ones), so copies that disagree
+    give answers that depend on the path. Compared bit for bit (a NaN equals the same NaN); padding
+    of the permuted tensors beyond M or K/16 is not read. Raises NVFP4InputError naming the
+    permuted tensor, how many scales differ and the first (row, scale block, batch) with both
+    values. A full read of the scales (1/8 of A's bytes and a conversion): off the hot path unless
+    asked for (`dispatch.Dispatcher(check_scales=True)` or NVFP4_CHECK_SCALES=1).
+    """
+    validate_gemv_input(data, need_m_multiple=None, need_k_multiple=BLOCK_SIZE, check_storage=False)
+    _, _, sfa, sfb, sfa_permuted, sfb_permuted, _ = data
+    k_blocks = sfa.shape[1]
+    for name, plain, permuted, rows in (("sfa", sfa, sfa_permuted, sfa.shape[0]), ("sfb", sfb, sfb_permuted, 1)):
+        mn = plain.shape[0]
+        unpermuted = _bytes(from_permuted(permuted, mn, k_blocks), f"{name}_permuted")[:rows]
+        differ = unpermuted != _bytes(plain, name)[:rows]
+        n_differ = int(differ.sum())
+        if n_differ:
+            row, block, batch = differ.nonzero()[0].tolist()
+            got, want = int(unpermuted[row, block, batch]), int(_bytes(plain, name)[row, block, batch])
+            where = f"(row {row}, scale block {block}, batch {batch})"
+            raise NVFP4InputError(
+                f"{name}_permuted: expected the same scales as {name}, but {n_differ} of {differ.numel()} differ; "
+                f"first at {where}: {name}_permuted holds 0x{got:02x} ({_e4m3_value(got):g}), {name} "
+                f"0x{want:02x} ({_e4m3_value(want):g})")

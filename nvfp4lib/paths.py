@@ -62,10 +62,10 @@ def dot_scaled_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
 
 
 def fp4_gemm_emulated(caps: Capabilities) -> str | None:
-    """Said of the torch._scaled_mm paths where cuBLAS has no FP4 GEMM: they run as the exact emulation."""
+    """Said of the torch._scaled_mm paths where cuBLAS has no FP4 GEMM: they run as its emulation."""
     if caps.fp4_gemm:
         return None
-    return "FP4 torch._scaled_mm needs Blackwell (sm_100+); here it runs as the exact emulation"
+    return "FP4 torch._scaled_mm needs Blackwell (sm_100+); here it runs as its emulation (fp32 sums, like cuBLAS)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,6 +76,13 @@ def _cute(variant: str) -> Callable:
     from nvfp4lib.cute.gemv import CuteGemv  # compiles on first use; the DSL may be absent
 
     return CuteGemv(variant)
+
+
+def _scaled_mm_permuted() -> Callable:
+    """A named builder (not a lambda): the exported files inline it, as they inline `_cute`."""
+    from nvfp4lib.scaled_mm import gemv_scaled_mm_permuted
+
+    return gemv_scaled_mm_permuted
 
 
 def _reference_into_c(data):
@@ -126,8 +133,8 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
              "reference: plain scales converted every call", lambda: scaled_mm.gemv_scaled_mm_reference,
              exportable=True, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_permuted", "_scaled_mm permuted", "torch._scaled_mm per batch on views of the permuted "
-             "scales, which already are the blocked buffers (cuBLAS FP4 GEMM on Blackwell, its exact "
-             "emulation elsewhere)", lambda: scaled_mm.gemv_scaled_mm_permuted, exportable=True,
+             "scales, which already are the blocked buffers (cuBLAS FP4 GEMM on Blackwell, elsewhere its "
+             "emulation: exact products summed in fp32, like cuBLAS)", _scaled_mm_permuted, exportable=True,
              emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_transposed", "_scaled_mm transposed", "torch._scaled_mm as B @ A.T, scales converted "
              f"for all batches at once, batches on {TRANSPOSED_STREAMS} CUDA streams",
@@ -162,11 +169,11 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
 )}
 
 FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
-"""The paths in the order they are tried where nothing is forced or measured: the dispatcher takes
-the first that can run here, and the exported files (nvfp4lib.leaderboard.export) try them in this order
-too, moving on when a path cannot run, fails its self-check at import or raises on its first call.
-"scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its exact emulation elsewhere), so
-it is last."""
+"""The paths in the order they are tried where nothing is forced or measured: the dispatcher and the
+exported files (nvfp4lib.leaderboard.runtime) both take, through `fallback.first_working`, the first
+that can run here, builds and passes its self-check (the dispatcher starts from a measured table's
+choice where it has one). "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its
+emulation elsewhere), so it is last. Both sum in fp32; only the path "reference" is exact."""
 
 
 def check_name(name: str, source: str) -> str:

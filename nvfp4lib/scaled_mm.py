@@ -25,7 +25,7 @@ import torch
 
 from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import (BLOCK_SIZE, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
-                               scale_tile_counts, validate_gemv_input)
+                               require_tensor, scale_tile_counts, validate_gemv_input)
 from nvfp4lib.device import capabilities
 from nvfp4lib.formats import byte_values, decode_e4m3, fp4_bytes
 from nvfp4lib.layouts import from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
@@ -62,6 +62,8 @@ def _use_hardware(device: torch.device) -> bool:
 
 def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
     """The checks torch._scaled_mm makes for FP4 x FP4 (plus cuBLAS's row x column-major rule)."""
+    for name, t in (("mat1", mat1), ("mat2", mat2), ("scale_a", scale1), ("scale_b", scale2)):
+        require_tensor(t, name)
     for name, t in (("mat1", mat1), ("mat2", mat2)):
         if t.dtype != torch.float4_e2m1fn_x2 or t.dim() != 2:
             raise NVFP4InputError(f"{name}: expected a 2-D float4_e2m1fn_x2 matrix, "
@@ -112,35 +114,75 @@ def _dequantize(codes_rows: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor
     return (values * scales.unsqueeze(-1)).view(rows, 2 * half_k)
 
 
-def emulated_scaled_mm_fp4(a_codes: torch.Tensor, b_codes: torch.Tensor,
-                           scale_a_blocked: torch.Tensor, scale_b_blocked: torch.Tensor,
-                           out_dtype: torch.dtype = OUT_DTYPE) -> torch.Tensor:
-    """What ``torch._scaled_mm(a_codes, b_codes, scale_a_blocked, scale_b_blocked,
-    out_dtype=out_dtype)`` computes for FP4 operands, on any device.
+OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+"""The outputs cuBLAS's block-scaled FP4 GEMM writes and the emulation computes (cuBLAS can also
+write FP4 with an output scale, which the emulation does not produce)."""
 
-    It takes the same arguments with the same checks (a_codes row-major [M, K/2], b_codes
-    column-major [K/2, N], flat blocked scale buffers) and decodes the scales from the blocked
-    buffer, so a wrong layout gives wrong numbers here as it would on the GPU.
+
+def _check_epilogue(mat2, bias, scale_result, out_dtype, use_fast_accum) -> None:
+    """What torch._scaled_mm accepts besides the operands for FP4 x FP4, or an error naming the argument."""
+    if not isinstance(out_dtype, torch.dtype) or out_dtype not in OUT_DTYPES:
+        raise NVFP4InputError(f"out_dtype: expected one of {', '.join(map(str, OUT_DTYPES))} (what cuBLAS's FP4 GEMM "
+                              f"writes and the emulation computes), got {out_dtype!r}")
+    if use_fast_accum is not False:
+        raise NVFP4InputError(f"use_fast_accum: expected False (torch._scaled_mm refuses fast accumulation for "
+                              f"float4_e2m1fn_x2 operands), got {use_fast_accum!r}")
+    if scale_result is not None and not (isinstance(scale_result, torch.Tensor) and scale_result.numel() == 1
+                                         and scale_result.dtype == torch.float32):
+        raise NVFP4InputError(f"scale_result: expected None or a float32 scalar tensor (unused for a "
+                              f"{out_dtype} output), got {scale_result!r}")
+    if bias is None:
+        return
+    got = f"{bias.dtype} with {bias.numel()} elements" if isinstance(bias, torch.Tensor) else type(bias).__name__
+    if out_dtype == torch.float32:
+        raise NVFP4InputError(f"bias: expected None: torch._scaled_mm takes no bias for a float32 output, got {got}")
+    if not isinstance(bias, torch.Tensor) or bias.dtype != out_dtype or bias.numel() != mat2.shape[1]:
+        raise NVFP4InputError(f"bias: expected {mat2.shape[1]} elements (mat2's columns) of {out_dtype} (the output "
+                              f"dtype), got {got}")
+
+
+def emulated_scaled_mm_fp4(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                           bias: torch.Tensor | None = None, scale_result: torch.Tensor | None = None,
+                           out_dtype: torch.dtype = OUT_DTYPE, use_fast_accum: bool = False) -> torch.Tensor:
+    """What ``torch._scaled_mm(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype,
+    use_fast_accum)`` computes for FP4 operands, on any device (out_dtype defaults to float16 here).
+
+    It takes the same arguments with the same checks (mat1 row-major [M, K/2], mat2 column-major
+    [K/2, N], flat blocked scale buffers, all on one device) and refuses what torch._scaled_mm
+    refuses for FP4: an output other than float16, bfloat16 or float32 (`OUT_DTYPES`),
+    ``use_fast_accum=True``, a bias for a float32 output or of another dtype than the output, a
+    scale_result that is not a float32 scalar. It decodes the scales from the blocked buffer, so a
+    wrong layout gives wrong numbers here as it would on the GPU.
 
     What it promises: every dequantized operand (an E2M1 value times an E4M3 scale) is exact in
-    fp32, and so is every product; the sum over K is an fp32 matmul, rounded once to `out_dtype`.
-    What it does not: cuBLAS also sums in fp32 but in its own order, so the two can differ by fp32
-    rounding of partial sums (the error bound of any fp32 sum: at most about K * 2^-24 times the
-    sum of |products|), which is far inside rtol = atol = 1e-3 for NVFP4 data but not zero, and
-    can swallow whole terms where large products cancel. It is not the exact reference
-    (nvfp4lib.reference is). Scales are decoded as signed E4M3; cuBLAS reads NVFP4 block scales as
-    unsigned UE4M3, so the two are comparable only for scales with the sign bit clear.
+    fp32, and so is every product; the sum over K is an fp32 matmul (plus the bias, in fp32), then
+    rounded to `out_dtype`. It is not exact: cuBLAS also sums in fp32 but in its own order, and any
+    fp32 sum rounds its partial sums (the error bound: at most about K * 2^-24 times the sum of
+    |products|), far inside rtol = atol = 1e-3 for NVFP4 data of mixed signs, but where large
+    products cancel it can swallow a whole small term (tests/test_scaled_mm.py has an input whose
+    exact answer is 4 and whose fp32 sum is 0). The exact answer is nvfp4lib.reference's. Scales
+    are decoded as signed E4M3; cuBLAS reads NVFP4 block scales as unsigned UE4M3, so the two are
+    comparable only for scales with the sign bit clear.
     """
-    _check_scaled_mm_args(a_codes, b_codes, scale_a_blocked, scale_b_blocked)
-    a = _dequantize(a_codes, scale_a_blocked)
-    b = _dequantize(b_codes.T, scale_b_blocked)
-    return (a @ b.T).to(out_dtype)
+    _check_scaled_mm_args(mat1, mat2, scale_a, scale_b)
+    _check_epilogue(mat2, bias, scale_result, out_dtype, use_fast_accum)
+    tensors = {"mat1": mat1, "mat2": mat2, "scale_a": scale_a, "scale_b": scale_b,
+               **({"bias": bias} if bias is not None else {})}
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) != 1:
+        raise NVFP4InputError(f"mat1, mat2, scale_a, scale_b: expected one device, got {devices}")
+    a = _dequantize(mat1, scale_a)
+    b = _dequantize(mat2.T, scale_b)
+    out = a @ b.T
+    if bias is not None:
+        out = out + bias.reshape(-1).to(torch.float32)
+    return out.to(out_dtype)
 
 
 def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool, gemm=None) -> torch.Tensor:
     """The FP4 GEMM: ``gemm`` (default torch._scaled_mm) where the hardware has it, else the emulation."""
     if not hardware:
-        return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, OUT_DTYPE)
+        return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
     if gemm is not None:
         return gemm(mat1, mat2, scale1, scale2)
     return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)

@@ -2,21 +2,25 @@
 reason; forcing; the measured table and its calibration. Other machines are simulated by replacing
 capabilities(), without kernels."""
 import ast
+import asyncio
 import dataclasses
 import inspect
 import json
+import logging
 import re
 import sys
+import threading
 
 import pytest
 import torch
 
-from nvfp4lib import contract, dispatch, paths
+from nvfp4lib import contract, dispatch, fallback, paths, scaled_mm
 from nvfp4lib.bench import calibration
 from nvfp4lib.leaderboard import export as submission
 from nvfp4lib.bench.timing import StoppingRule, summarize
 from nvfp4lib.contract import NAMES, NVFP4InputError, Shape
 from nvfp4lib.device import Capabilities, capabilities
+from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import BENCHMARK_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
 
@@ -189,8 +193,7 @@ def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
                                                                        unavailable=paths.runs_anywhere))
     key = dispatch.shape_class((256, 512, 2))
     chosen = dispatch.Dispatcher()
-    monkeypatch.setattr(chosen, "choose",
-                        lambda shape, on_cuda: dispatch.Decision("cute_fast", "chosen", key, "device"))
+    monkeypatch.setattr(chosen, "_choose", lambda *args: dispatch.Decision("cute_fast", "chosen", key, "device"))
     data = _fresh(Shape(256, 512, 2))
     result = check(chosen(data), data)
     assert result.ok, result.message
@@ -198,9 +201,9 @@ def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
     assert decision.path == "scaled_mm_permuted" and decision.source == "fallback"
     assert decision.reason == ("cute_fast could not be built (RuntimeError: NVVM_ERROR_COMPILATION); "
                                "the next path of FALLBACK_ORDER")
+    assert chosen.explain(data) == decision, "explain says what the call did"
     forced = dispatch.Dispatcher()
-    monkeypatch.setattr(forced, "choose",
-                        lambda shape, on_cuda: dispatch.Decision("cute_fast", "forced", key, "forced"))
+    monkeypatch.setattr(forced, "_choose", lambda *args: dispatch.Decision("cute_fast", "forced", key, "forced"))
     with pytest.raises(RuntimeError, match="NVVM_ERROR_COMPILATION"):
         forced(data)
 
@@ -332,7 +335,7 @@ def test_two_dispatchers_keep_their_own_choices_forces_and_tables():
             assert result.ok, result.message
         assert first.decisions()[key].path == "reference"
         assert second.decisions()[key].path == "scaled_mm_permuted"
-        assert key not in dispatch.decisions()
+        assert dispatch.decisions()[key].path == "scaled_mm_permuted", "explain planned it, unforced"
     assert not first.decisions(), "leaving force() forgets that dispatcher's choices"
     assert second.decisions()[key].path == "scaled_mm_permuted", "... and only that dispatcher's"
     assert first.build("scaled_mm_graph") is first.build("scaled_mm_graph"), "built once per dispatcher"
@@ -377,8 +380,9 @@ def test_the_dispatcher_leaves_validation_to_the_chosen_path(monkeypatch):
                                                                               None) is real:
             monkeypatch.setattr(module, "validate_gemv_input", counting)
     data = _fresh(Shape(384, 192, 2))
-    out = dispatch.Dispatcher()(data)  # the first call: it chooses and builds the path, then runs it
-    assert len(calls) == 1, f"validated {len(calls)} times"
+    out = dispatch.Dispatcher()(data)  # the first call: it chooses, builds and self-checks the path, then runs it
+    on_data = [args for args in calls if args[0] is data]
+    assert len(on_data) == 1, f"validated {len(on_data)} times"
     result = check(out, data)
     assert result.ok, result.message
     used = {node.id for node in ast.walk(ast.parse(inspect.getsource(dispatch))) if isinstance(node, ast.Name)}
@@ -409,6 +413,220 @@ def test_a_malformed_tuple_is_refused_naming_the_argument(make, match):
         with pytest.raises(NVFP4InputError, match=match):
             dispatch.custom_kernel(make(data))
         dispatch.custom_kernel(data)  # the shape is planned now
+
+
+# ----------------------------------------------- what holds per thread and task, and at the moment of the call
+
+
+def test_force_in_one_thread_leaves_other_threads_alone():
+    """A force() block open in one thread: another thread's calls take the unforced path, and run."""
+    entered, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def forcing():
+        with dispatch.force("cute_fast"):  # cannot run on these CPU inputs: a call here would raise
+            seen["inside"] = dispatch.choose(Shape(128, 256, 1), on_cuda=False).path
+            entered.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=forcing)
+    thread.start()
+    assert entered.wait(30)
+    try:
+        data = _fresh(Shape(128, 256, 1))
+        result = check(dispatch.custom_kernel(data), data)
+        assert result.ok, result.message
+        assert dispatch.explain(data).path == "scaled_mm_permuted" and dispatch.explain(data).source == "device"
+    finally:
+        done.set()
+        thread.join(30)
+    assert seen["inside"] == "cute_fast"
+
+
+def test_nested_force_blocks_in_two_threads_keep_their_own_names():
+    """Thread A enters force("reference"), B enters force("scaled_mm_graph") and then nests
+    force("scaled_mm_reference"), A leaves first: each thread sees its own innermost name throughout."""
+    step = threading.Barrier(2, timeout=30)
+    seen = {"a": [], "b": []}
+    here = lambda: dispatch.choose(Shape(128, 256, 1), on_cuda=False).path  # noqa: E731
+
+    def a():
+        with dispatch.force("reference"):
+            step.wait()  # 1: both inside their first block
+            step.wait()  # 2: B nested its second block
+            seen["a"].append(here())
+        step.wait()  # 3: A has left
+        seen["a"].append(here())
+        step.wait()  # 4
+
+    def b():
+        with dispatch.force("scaled_mm_graph"):
+            step.wait()  # 1
+            with dispatch.force("scaled_mm_reference"):
+                step.wait()  # 2
+                step.wait()  # 3
+                seen["b"].append(here())
+            seen["b"].append(here())
+        seen["b"].append(here())
+        step.wait()  # 4
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert seen == {"a": ["reference", "scaled_mm_permuted"],
+                    "b": ["scaled_mm_reference", "scaled_mm_graph", "scaled_mm_permuted"]}
+    assert here() == "scaled_mm_permuted"
+
+
+def test_force_holds_per_asyncio_task():
+    async def forced(started: asyncio.Event, release: asyncio.Event):
+        with dispatch.force("reference"):
+            started.set()
+            await release.wait()
+            return dispatch.choose(Shape(128, 256, 1), on_cuda=False).path
+
+    async def main():
+        started, release = asyncio.Event(), asyncio.Event()
+        task = asyncio.create_task(forced(started, release))
+        await started.wait()
+        other = await asyncio.create_task(asyncio.sleep(0, dispatch.choose(Shape(128, 256, 1), on_cuda=False).path))
+        release.set()
+        return await task, other
+
+    assert asyncio.run(main()) == ("reference", "scaled_mm_permuted")
+
+
+def _counting_paths(monkeypatch, *names):
+    """Replace registry paths by correct ones that count their calls: name -> list of call shapes."""
+    counts = {}
+    for name in names:
+        counts[name] = []
+
+        def run(data, calls=counts[name]):
+            calls.append(data.a.shape)
+            return scaled_mm.gemv_scaled_mm_permuted(data)
+
+        monkeypatch.setitem(paths.PATHS, name, dataclasses.replace(paths.PATHS[name], build=lambda run=run: run,
+                                                                    unavailable=paths.runs_anywhere))
+    return counts
+
+
+def test_explain_and_custom_kernel_follow_nvfp4_path_as_it_is_at_each_call(monkeypatch):
+    """No reset() needed: after NVFP4_PATH changes, explain names the path the next call runs, and it runs."""
+    counts = _counting_paths(monkeypatch, "scaled_mm_reference", "scaled_mm_transposed")
+    mine = dispatch.Dispatcher()
+    data = _fresh(Shape(128, 256, 1))
+    for name in ("scaled_mm_reference", "scaled_mm_transposed", "scaled_mm_reference"):
+        monkeypatch.setenv(dispatch.PATH_ENV_VAR, name)
+        assert mine.explain(data).path == name and mine.explain(data).source == "env"
+        before = len(counts[name])
+        poison_(data.c)
+        assert check(mine(data), data).ok
+        assert len(counts[name]) == before + 1, f"{name} did not run"
+    monkeypatch.delenv(dispatch.PATH_ENV_VAR)
+    assert mine.explain(data).path == "scaled_mm_permuted"
+    assert mine.decisions()[(data.a.shape, False)].path == "scaled_mm_permuted"
+
+
+def test_explain_reports_the_fallback_the_call_takes(monkeypatch):
+    """The chosen path fails its self-check: explain (before any call) and the call agree on the next path."""
+    def wrong(data):
+        return data.c.zero_()
+
+    monkeypatch.setitem(paths.PATHS, "cute_fast", dataclasses.replace(paths.PATHS["cute_fast"], build=lambda: wrong,
+                                                                       unavailable=paths.runs_anywhere))
+    mine = dispatch.Dispatcher()
+    key = dispatch.shape_class((128, 256, 1))
+    monkeypatch.setattr(mine, "_choose", lambda *args: dispatch.Decision("cute_fast", "chosen", key, "device"))
+    data = _fresh(Shape(128, 256, 1))
+    decision = mine.explain(data)
+    assert decision.path == "scaled_mm_permuted" and decision.source == "fallback"
+    assert decision.reason.startswith("cute_fast failed its self-check (wrong result at (m, k, l) = (128, 256, 2)")
+    assert check(mine(data), data).ok and mine.decisions()[(data.a.shape, False)] == decision
+
+
+def test_a_self_check_failure_is_sticky_and_logged_once(monkeypatch, caplog):
+    built, checked = [], []
+    real_check = fallback.self_check
+
+    def wrong(data):
+        return data.c.zero_()
+
+    def build():
+        built.append(1)
+        return wrong
+
+    monkeypatch.setitem(paths.PATHS, "cute_fast", dataclasses.replace(paths.PATHS["cute_fast"], build=build,
+                                                                       unavailable=paths.runs_anywhere))
+    monkeypatch.setattr(fallback, "self_check", lambda kernel, device: checked.append(kernel) or real_check(kernel,
+                                                                                                            device))
+    mine = dispatch.Dispatcher()
+    monkeypatch.setattr(mine, "_choose", lambda shape, *args: dispatch.Decision(
+        "cute_fast", "chosen", dispatch.shape_class(shape), "device"))
+    with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
+        for shape in (Shape(128, 256, 1), Shape(256, 512, 2), Shape(128, 256, 1)):
+            data = _fresh(shape)
+            assert check(mine(data), data).ok
+            assert mine.explain(data).source == "fallback"
+    assert len(built) == 1 and len(checked) == 2, "cute_fast built and checked once, scaled_mm_permuted checked once"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].getMessage().startswith("cute_fast failed its self-check (wrong result")
+    assert warnings[0].getMessage().endswith("; using scaled_mm_permuted")
+
+
+def test_an_input_error_on_the_first_call_discards_nothing():
+    """c requiring grad, a wrong dtype: the caller gets the error naming the argument, the path stays."""
+    mine = dispatch.Dispatcher()
+    data = _fresh(Shape(128, 256, 1))
+    grad_c = data.c.clone().requires_grad_()
+    with pytest.raises(NVFP4InputError, match=r"^scaled_mm GEMV input: c: expected a tensor that does not require "
+                                              r"grad"):
+        mine(data._replace(c=grad_c))
+    with pytest.raises(NVFP4InputError, match=r"c: expected dtype torch\.float16, got torch\.float32"):
+        mine(data._replace(c=data.c.float()))
+    assert check(mine(data), data).ok
+    assert mine.decisions()[(data.a.shape, False)].path == "scaled_mm_permuted"
+
+
+def test_the_first_call_of_a_shape_is_refused_while_a_cuda_graph_is_captured(monkeypatch):
+    """Planning builds and self-checks: it cannot be captured (simulated: the capture flag alone)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    data = _fresh(Shape(128, 256, 1))
+    with pytest.raises(RuntimeError, match="cannot be done while a CUDA graph is being captured; call it once"):
+        dispatch.Dispatcher()._plan(data, (data.a.shape, True, None, None))
+
+
+def _disagreeing_scales(shape=Shape(256, 512, 2)):
+    """A valid tuple whose sfa_permuted holds another scale than sfa at (row 130, block 5, batch 1)."""
+    data = _fresh(shape)
+    sfa = data.sfa.clone()
+    sfa.view(torch.uint8)[130, 5, 1] = 0x38 if int(data.sfa.view(torch.uint8)[130, 5, 1]) != 0x38 else 0x40
+    return data._replace(sfa_permuted=to_permuted(sfa))
+
+
+def test_disagreeing_scale_copies_are_answered_silently_by_default_and_refused_when_asked(monkeypatch):
+    data = _disagreeing_scales()
+    out = dispatch.Dispatcher()(data)  # default: off (a full read of the scales)
+    assert not check(out, data).ok, "the permuted copy answered, the reference read the plain one"
+    match = (r"^sfa_permuted: expected the same scales as sfa, but 1 of 16384 differ; first at \(row 130, scale block 5, "
+             r"batch 1\)")
+    with pytest.raises(NVFP4InputError, match=match):
+        dispatch.Dispatcher(check_scales=True)(data)
+    monkeypatch.setenv(dispatch.CHECK_SCALES_ENV_VAR, "1")
+    with pytest.raises(NVFP4InputError, match=match):
+        dispatch.custom_kernel(data)
+    assert not check(dispatch.Dispatcher(check_scales=False)(data), data).ok  # False wins over the variable
+    monkeypatch.setenv(dispatch.CHECK_SCALES_ENV_VAR, "yes")
+    with pytest.raises(ValueError, match=r"^NVFP4_CHECK_SCALES: expected 0 or 1, got 'yes'"):
+        dispatch.custom_kernel(data)
+    monkeypatch.setenv(dispatch.CHECK_SCALES_ENV_VAR, "0")
+    fine = _fresh(Shape(256, 512, 2))
+    assert check(dispatch.Dispatcher(check_scales=True)(fine), fine).ok
+    with pytest.raises(ValueError, match=r"^check_scales: expected True, False or None"):
+        dispatch.Dispatcher(check_scales="yes")
 
 
 # ----------------------------------------------------------------------------------- calibration

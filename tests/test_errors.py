@@ -51,6 +51,12 @@ def shifted(t: torch.Tensor, by: int) -> torch.Tensor:
     return out.view(t.dtype)
 
 
+def _inference_copy(t: torch.Tensor) -> torch.Tensor:
+    """A copy of t made inside torch.inference_mode() (same strides), to be used outside it."""
+    with torch.inference_mode():
+        return t.clone()
+
+
 def k40():
     """a and b with K = 40: a multiple of 16 (one scale per 16) but not of 64."""
     def packed(rows):
@@ -98,6 +104,12 @@ TUPLE_CASES = [
               r"c: expected dtype torch\.float16, got torch\.float32"),
     TupleCase("c-bfloat16", lambda: with_(BASE, c=BASE.c.bfloat16()),
               r"c: expected dtype torch\.float16, got torch\.bfloat16"),
+    # c as autograd or inference mode sees it: every path writes c in place
+    TupleCase("c-requires-grad", lambda: with_(BASE, c=BASE.c.clone().requires_grad_()),
+              r"c: expected a tensor that does not require grad .*, got requires_grad=True"),
+    TupleCase("c-inference", lambda: with_(BASE, c=_inference_copy(BASE.c)),
+              r"c: expected a tensor that may be written here, got an inference tensor outside "
+              r"torch\.inference_mode\(\)"),
     # ranks
     TupleCase("a-rank2", lambda: with_(BASE, a=BASE.a[:, :, 0]), r"a: expected rank 3, got shape \(256, 64\)"),
     TupleCase("sfa-rank4", lambda: with_(BASE, sfa=BASE.sfa.unsqueeze(0)),
@@ -286,13 +298,24 @@ CASES = [
     Case("quantize_nvfp4", "nan-fp16", lambda: formats.quantize_nvfp4(NAN_ROWS.half()),
          r"^x: expected finite values, got NaN"),
     Case("quantize_nvfp4", "global-nan", lambda: formats.quantize_nvfp4(ROWS, math.nan),
-         r"^global_scale: expected a finite positive float, got nan"),
+         r"^global_scale: expected a positive normal float32 \(1\.17549e-38 to 3\.40282e\+38\), got nan$"),
     Case("quantize_nvfp4", "global-inf", lambda: formats.quantize_nvfp4(ROWS, math.inf),
-         r"^global_scale: expected a finite positive float, got inf"),
+         r"^global_scale: expected a positive normal float32 .*, got inf$"),
     Case("quantize_nvfp4", "global-zero", lambda: formats.quantize_nvfp4(ROWS, 0.0),
-         r"^global_scale: expected a finite positive float, got 0\.0"),
+         r"^global_scale: expected a positive normal float32 .*, got 0\.0$"),
+    Case("quantize_nvfp4", "global-negative", lambda: formats.quantize_nvfp4(ROWS, -1.0),
+         r"^global_scale: expected a positive normal float32 .*, got -1\.0$"),
     Case("quantize_nvfp4", "global-str", lambda: formats.quantize_nvfp4(ROWS, "1"),
-         r"^global_scale: expected a finite positive float, got '1'"),
+         r"^global_scale: expected a positive normal float32 .*, got '1'$"),
+    Case("quantize_nvfp4", "global-bool", lambda: formats.quantize_nvfp4(ROWS, True),
+         r"^global_scale: expected a positive normal float32 .*, got True$"),
+    Case("quantize_nvfp4", "global-1e-300", lambda: formats.quantize_nvfp4(ROWS, 1e-300),
+         r"^global_scale: expected a positive normal float32 .*, got 1e-300, below float32's smallest normal"),
+    Case("quantize_nvfp4", "global-subnormal", lambda: formats.quantize_nvfp4(ROWS, 2.0 ** -127),
+         r"^global_scale: expected a positive normal float32 .*, got 5\.877\d*e-39, below float32's smallest normal"),
+    Case("dequantize_nvfp4", "global-1e-300",
+         lambda: formats.dequantize_nvfp4(formats.NVFP4Tensor(_fp4(4, 8), _e4m3(4, 1), 1e-300)),
+         r"^q\.global_scale: expected a positive normal float32 .*, got 1e-300, below float32's smallest normal"),
     # formats.dequantize_nvfp4
     Case("dequantize_nvfp4", "none", lambda: formats.dequantize_nvfp4(None),
          r"^q: expected an NVFP4Tensor, got NoneType"),

@@ -369,7 +369,7 @@ def test_reference_gemv_is_exact(case):
 
 
 def check_emulation(case, variants) -> None:
-    """The scaled_mm paths (the exact emulation of the FP4 GEMM on machines without one) against the
+    """The scaled_mm paths (the emulation of the FP4 GEMM, exact products summed in fp32, on machines without one) against the
     exact sum: fp32 accumulation, one rounding to fp16. Scales <= 1 keep every sum inside fp16."""
     a, b, sfa, sfb, c = random_gemv_bytes(**case)
     exact, magnitude = exact_gemv(a, b, sfa, sfb)

@@ -7,8 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nvfp4lib.contract import NVFP4InputError, scale_tile_counts
-from nvfp4lib.layouts import (from_blocked, from_permuted, permuted_as_blocked, permuted_as_blocked_batches, to_blocked,
-                              to_permuted)
+from nvfp4lib.layouts import (check_scale_copies, from_blocked, from_permuted, permuted_as_blocked,
+                              permuted_as_blocked_batches, to_blocked, to_permuted)
+from nvfp4lib.problem import generate_input
 
 shapes = st.tuples(st.integers(1, 300), st.integers(1, 13), st.integers(1, 3), st.integers(0, 2**31))
 
@@ -135,3 +136,63 @@ def test_permuted_as_blocked_accepts_integer_types():
     sfp = to_permuted(random_scales(256, 8, 2, 0))
     for index in (1, np.int64(1), torch.tensor(1).item()):
         assert torch.equal(as_bytes(permuted_as_blocked(sfp, index)), as_bytes(permuted_as_blocked_batches(sfp)[1]))
+
+
+# --------------------------------------------------------------------------- the two copies of the scales
+
+
+def _with_scales(data, **changes):
+    """The tuple with some scale tensors replaced by byte-edited clones: name -> (index, byte)."""
+    replaced = {}
+    for name, (index, byte) in changes.items():
+        t = getattr(data, name).clone()
+        t.view(torch.uint8)[index] = byte
+        replaced[name] = t
+    return data._replace(**replaced)
+
+
+def test_check_scale_copies_passes_generated_inputs_including_padded_tiles():
+    for m, k, l in ((128, 64, 1), (256, 512, 2), (200, 80, 3)):  # M = 200, K/16 = 5: padded atoms
+        check_scale_copies(generate_input(m, k, l, seed=m + k + l, mode="full"))
+
+
+@pytest.mark.parametrize("name, index, where", [
+    ("sfa_permuted", (0, 0, 0, 0, 0, 0), r"\(row 0, scale block 0, batch 0\)"),
+    ("sfa_permuted", (31, 3, 1, 3, 1, 1), r"\(row 255, scale block 7, batch 1\)"),
+    ("sfb_permuted", (0, 0, 0, 2, 1, 1), r"\(row 0, scale block 6, batch 1\)"),
+])
+def test_check_scale_copies_names_the_copy_and_where_it_differs(name, index, where):
+    data = generate_input(256, 128, 2, seed=4, mode="full")
+    byte = int(getattr(data, name).view(torch.uint8)[index]) ^ 0x01
+    with pytest.raises(NVFP4InputError, match=rf"^{name}: expected the same scales as {name[:3]}, but 1 of \d+ differ; "
+                                              rf"first at {where}: {name} holds 0x{byte:02x} "):
+        check_scale_copies(_with_scales(data, **{name: (index, byte)}))
+
+
+def test_check_scale_copies_reads_only_what_the_gemv_uses():
+    """sfb's rows 1..127 are filler, and the permuted tensors' padding beyond M or K/16 is never read."""
+    data = generate_input(200, 80, 1, seed=5, mode="full")  # rest_m = 2 (56 padded rows), rest_k = 2 (3 padded cols)
+    filler = _with_scales(data, sfb_permuted=((5, 0, 0, 0, 0, 0), 0x7E))  # row 5 of the padded vector
+    padding = _with_scales(data, sfa_permuted=((31, 3, 1, 3, 1, 0), 0x7E))  # row 255, block 7: beyond M and K/16
+    for ok in (filler, padding):
+        check_scale_copies(ok)
+
+
+def test_check_scale_copies_compares_bits_nan_included():
+    data = generate_input(128, 64, 1, seed=6)
+    nan_both = _with_scales(data, sfa=((3, 1, 0), 0x7F), sfa_permuted=((3, 0, 0, 1, 0, 0), 0x7F))
+    check_scale_copies(nan_both)
+    with pytest.raises(NVFP4InputError, match=r"^sfa_permuted: .*sfa_permuted holds 0xff \(nan\), sfa 0x7f \(nan\)"):
+        check_scale_copies(_with_scales(nan_both, sfa_permuted=((3, 0, 0, 1, 0, 0), 0xFF)))
+
+
+@pytest.mark.parametrize("bad, match", [
+    ((1, 2, 3), r"^data: expected a 7-tuple"),
+    (None, r"^data: expected a 7-tuple"),
+])
+def test_check_scale_copies_validates_the_tuple_first(bad, match):
+    with pytest.raises(NVFP4InputError, match=match):
+        check_scale_copies(bad)
+    data = generate_input(128, 64, 1)
+    with pytest.raises(NVFP4InputError, match=r"^sfa_permuted: expected shape"):
+        check_scale_copies(data._replace(sfa_permuted=data.sfa_permuted[:16]))

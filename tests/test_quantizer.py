@@ -107,11 +107,12 @@ def edge_blocks(exponent: int) -> np.ndarray:
 
 @pytest.mark.parametrize("exponent", [0, -3, 17, -120, -130])
 def test_quantization_on_the_edges_is_the_definition(exponent):
-    """Exponent -120 puts block values among float32's subnormals; at -130 the global scale is
-    itself no normal float32 (kept in float64 so the data survives)."""
+    """Exponent -120 puts block values among float32's subnormals; at -130, amax / (6 * 448) is no
+    normal float32, so the global scale is float32's smallest normal, 2^-126, and the block scales
+    take the rest (the definition with that global scale still holds, bit for bit)."""
     x = edge_blocks(exponent)
     q = formats.quantize_nvfp4(torch.from_numpy(x))
-    assert q.global_scale == 2.0 ** exponent
+    assert q.global_scale == max(2.0 ** exponent, 2.0 ** -126)
     codes, scales, values = defined(x, q.global_scale)
     got_codes = formats.unpack_fp4(q.codes).numpy()
     bad = np.argwhere(got_codes != codes)
@@ -206,6 +207,27 @@ def test_global_scale_beyond_float32_is_refused(global_scale):
     q = formats.quantize_nvfp4(x)
     with pytest.raises(NVFP4InputError, match=r"^q\.global_scale: .*beyond float32's range"):
         formats.dequantize_nvfp4(formats.NVFP4Tensor(q.codes, q.scales, global_scale))
+
+
+@pytest.mark.parametrize("global_scale", [1e-300, 1e-39, 2.0 ** -127, float(np.nextafter(np.float32(2.0 ** -126), 0))])
+def test_global_scale_below_float32s_smallest_normal_is_refused(global_scale):
+    """1e-300 is no float32 at all (it would dequantize everything to 0); a subnormal is no NVFP4
+    per-tensor scale. Refused by quantize and by dequantize, naming the argument."""
+    x = torch.ones(2, 16)
+    with pytest.raises(NVFP4InputError, match=r"^global_scale: expected a positive normal float32 .*below float32's "
+                                              r"smallest normal"):
+        formats.quantize_nvfp4(x, global_scale)
+    q = formats.quantize_nvfp4(x)
+    with pytest.raises(NVFP4InputError, match=r"^q\.global_scale: expected a positive normal float32 .*below"):
+        formats.dequantize_nvfp4(formats.NVFP4Tensor(q.codes, q.scales, global_scale))
+
+
+def test_global_scale_at_float32s_smallest_normal_is_accepted_and_round_trips():
+    tiny = 2.0 ** -126
+    x = torch.tensor([[6 * tiny] + [0.0] * 15], dtype=torch.float64)  # amax / (6 * 448) would be below 2^-126
+    q = formats.quantize_nvfp4(x)
+    assert q.global_scale == tiny and formats.quantize_nvfp4(x, q.global_scale).global_scale == tiny
+    assert formats.dequantize_nvfp4(q)[0, 0].item() == np.float32(6 * tiny)
 
 
 def test_global_scale_at_float32_max_is_accepted():

@@ -9,28 +9,34 @@ the CuTe file cross-compiles its kernels without a GPU, with and without apache-
 
 import ast
 import dataclasses
+import functools
 import importlib.util
 import inspect
+import logging
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib import device, dispatch, paths, scaled_mm
+from nvfp4lib import device, dispatch, fallback, paths, scaled_mm
 from nvfp4lib.cute import gemv as cute_gemv
-from nvfp4lib.leaderboard import export as submission
-from nvfp4lib.contract import NVFP4InputError, validate_gemv_input
+from nvfp4lib.leaderboard import runtime
+from nvfp4lib.contract import validate_gemv_input
 from nvfp4lib.leaderboard.evaluate import evaluate, import_isolated
 from nvfp4lib.formats import unpack_fp4
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.leaderboard.export import (EXPORTS, TASK_IMPORT, ExportError, SelfCheckedKernel, export_path, export_source,
-                                 inline_objects, main, write_submission)
-from nvfp4lib.leaderboard.submission_file import DIRECTIVE, load_submission
+from nvfp4lib.leaderboard.export import (EXPORTS, GENERATED, TASK_IMPORT, ExportError, export_path, export_source,
+                                         inline_objects, main, sections, write_submission)
+from nvfp4lib.leaderboard.submission_file import DIRECTIVE, TASK_SOURCE, load_submission
 
+REPO = Path(__file__).resolve().parents[1]
 CHECKED_PATHS = [name for name in EXPORTS if export_path(name).candidates]  # self-checked, with a fallback
 CUDA_PATHS = [name for name in EXPORTS if export_path(name).needs_cuda]
 # Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the cute_fast
@@ -186,24 +192,73 @@ def test_function_local_package_imports_are_inlined(exported, probe_modules):
 def test_file_holds_only_what_its_path_needs(exported):
     reference = exported["scaled_mm_reference"].read_text()
     assert "def gemv_scaled_mm_transposed" not in reference and "cutlass.cute" not in reference
-    assert "def generate_input" not in reference and "class SelfCheckedKernel" not in reference
+    assert "def generate_input" not in reference and "def choose_kernel" not in reference
     for name in CHECKED_PATHS:  # the kernel, its fallback and the self-check, nothing else
         text = exported[name].read_text()
         assert "class CuteGemv" in text and "def gemv_scaled_mm_permuted" in text, name
-        assert "class SelfCheckedKernel" in text and "def reference_gemv" in text, name
+        assert "def choose_kernel" in text and "def first_working" in text and "def reference_gemv" in text, name
         assert "def gemv_scaled_mm_transposed" not in text and "def calibrate" not in text, name
+
+
+def _candidate_table(source: str) -> dict:
+    """The generated ``KERNEL, BACKEND = choose_kernel({name: (unavailable, build), ...})``, as source text."""
+    tree = ast.parse(source)
+    setup = next(s for s in tree.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "(KERNEL, BACKEND)")
+    assert ast.unparse(setup.value.func) == "choose_kernel"
+    table = setup.value.args[0]
+    return {ast.literal_eval(key): tuple(ast.unparse(part) for part in value.elts)
+            for key, value in zip(table.keys, table.values)}
 
 
 @pytest.mark.parametrize("name", CHECKED_PATHS)
 def test_checked_files_try_their_kernel_then_the_fallback_order(exported, name):
-    """One fallback order, paths.FALLBACK_ORDER, written into every self-checked file."""
-    tree = ast.parse(exported[name].read_text())
-    setup = next(s for s in tree.body if isinstance(s, ast.Assign) and ast.unparse(s.targets[0]) == "KERNEL")
-    candidates = ast.literal_eval(setup.value.args[0])
+    """One fallback order, paths.FALLBACK_ORDER, written into every self-checked file, each path with the
+    registry's own availability check and builder (one builder per path: no second copy for the files)."""
+    table = _candidate_table(exported[name].read_text())
     first = {"cute_naive": "cute_naive", "cute_fast": "cute_fast", "hybrid": "cute_fast"}[name]
-    assert candidates == [first, *paths.FALLBACK_ORDER[1:]] == list(export_path(name).candidates)
+    assert list(table) == [first, *paths.FALLBACK_ORDER[1:]] == list(export_path(name).candidates)
     assert paths.FALLBACK_ORDER == ("cute_fast", "scaled_mm_permuted")
-    assert all(candidate in paths.PATHS for candidate in candidates)
+    for candidate, (unavailable, build) in table.items():
+        path = paths.PATHS[candidate]
+        assert unavailable == path.unavailable.__name__
+        if isinstance(path.build, functools.partial):
+            assert build == f"lambda: {path.build.func.__name__}({', '.join(map(repr, path.build.args))})"
+        else:
+            assert build == path.build.__name__
+    text = exported[name].read_text()
+    assert "def _scaled_mm_permuted()" in text and "def _cute(variant: str)" in text
+    assert "def build_path" not in text
+
+
+def test_a_builder_that_cannot_be_inlined_stops_the_export(monkeypatch):
+    monkeypatch.setitem(paths.PATHS, "scaled_mm_permuted",
+                        dataclasses.replace(paths.PATHS["scaled_mm_permuted"],
+                                            build=lambda: scaled_mm.gemv_scaled_mm_permuted))
+    with pytest.raises(ExportError, match=r"^scaled_mm_permuted: build: .*lambda.* cannot be inlined; give it a name "
+                                          r"in nvfp4lib\.paths"):
+        export_source("hybrid")
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_sections_name_the_inlined_modules_by_their_paths(exported, name):
+    text = exported[name].read_text()
+    found = sections(text)
+    assert sum(section.lines for section in found) == len(text.splitlines())
+    assert found[0].name == GENERATED and found[-1].name == GENERATED
+    modules = [section.name for section in found[1:-1]]
+    assert modules and all(m.startswith("nvfp4lib/") and m.endswith(".py") and (REPO / m).is_file() for m in modules)
+    assert len(set(modules)) == len(modules) and "nvfp4lib/scaled_mm.py" in modules
+    if name in CHECKED_PATHS:
+        assert {"nvfp4lib/cute/gemv.py", "nvfp4lib/fallback.py", "nvfp4lib/leaderboard/runtime.py"} <= set(modules)
+        assert "nvfp4lib/leaderboard/export.py" not in modules, "the exporter stays out of the submissions"
+
+
+@pytest.mark.parametrize("name", EXPORTS)
+def test_exported_files_carry_no_bench_or_study_code(exported, name):
+    """The wings stay out of submissions: a file carries the core, and the leaderboard's runtime."""
+    wings = [section.name for section in sections(exported[name].read_text())
+             if section.name.startswith(("nvfp4lib/bench/", "nvfp4lib/study/"))]
+    assert not wings, f"{name} carries {wings}"
 
 
 def test_functions_keep_their_names_and_docstrings(exported):
@@ -335,19 +390,69 @@ def test_path_passes_the_local_leaderboard_test_mode(exported, name):
     assert report.submission_path == name and not report.skipped
 
 
+def _run_file(path, code: str, tmp_path) -> subprocess.CompletedProcess:
+    """Import the file as `submission` in a fresh interpreter, in an empty folder holding only it and a
+    stand-in `task` module, no logging configured, then run `code`: what a leaderboard process sees."""
+    folder = tmp_path / "run"
+    folder.mkdir(exist_ok=True)
+    (folder / "task.py").write_text(TASK_SOURCE)
+    (folder / "submission.py").write_text(Path(path).read_text())
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "NVFP4_PATH")}
+    return subprocess.run([sys.executable, "-c", "import submission\n" + textwrap.dedent(code)], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 @pytest.mark.parametrize("name", CUDA_PATHS)
-def test_cute_file_without_cuda_says_why_and_runs_its_fallback(exported, name, capsys):
-    """No CUDA GPU is an expected reason to fall back: information on stdout, no warning on stderr."""
-    module = load_submission(exported[name])
-    said = capsys.readouterr()
-    assert said.out.splitlines() == [f"{name} cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); "
-                                     "using scaled_mm_permuted", "self-check ok: scaled_mm_permuted on cpu"]
-    assert said.err == ""
+def test_cute_file_without_cuda_says_why_at_info_and_runs_its_fallback(exported, name, caplog):
+    """No GPU is information, not a failure: logged at INFO, nothing on stderr by default."""
+    with caplog.at_level(logging.INFO):
+        module = load_submission(exported[name])
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said == [("INFO", f"{name} cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using "
+                             "scaled_mm_permuted"), ("INFO", "self-check ok: scaled_mm_permuted on cpu")]
     assert module.BACKEND.startswith("torch._scaled_mm on the permuted scales: emulated")
     data = generate_input(128, 256, 1, seed=11)
     poison_(data.c)
     assert check(module.custom_kernel(data), data).ok
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_a_file_on_a_machine_without_its_kernel_prints_nothing(exported, tmp_path):
+    run = _run_file(exported["hybrid"], "print(submission.BACKEND)", tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stderr == "" and run.stdout.startswith("torch._scaled_mm on the permuted scales: emulated")
+
+
+def test_hybrid_file_keeps_its_kernel_after_a_first_call_with_a_bad_input(exported, tmp_path):
+    """c requiring grad, then a wrong dtype of c, then a valid call: each bad call gets the error naming
+    c, nothing is discarded, and the valid call is right (it used to fail with "no GEMV path passed")."""
+    run = _run_file(exported["hybrid"], """
+        import torch
+        from submission import NVFP4InputError, check, generate_input, poison_
+        data = generate_input(128, 256, 1, seed=12)
+        for bad in (data.c.clone().requires_grad_(), data.c.float()):
+            try:
+                submission.custom_kernel(data._replace(c=bad))
+            except NVFP4InputError as err:
+                print("refused:", err)
+        poison_(data.c)
+        print("ok" if check(submission.custom_kernel(data), data).ok else "WRONG")
+    """, tmp_path)
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("refused: ") and "c: expected a tensor that does not require grad" in lines[0]
+    assert lines[1].startswith("refused: ") and "c: expected dtype torch.float16, got torch.float32" in lines[1]
+    assert lines[2:] == ["ok"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the CuTe kernel would pass")
+def test_a_real_failure_is_a_warning_on_stderr(tmp_path):
+    path = write_submission("hybrid", tmp_path / "broken.py", fail=("scaled_mm_permuted",))
+    run = _run_file(path, "print(submission.BACKEND)", tmp_path)
+    assert run.returncode == 0 and run.stdout.strip() == "no path passed its self-check"
+    assert run.stderr.splitlines() == ["scaled_mm_permuted could not be built (RuntimeError: made to fail on purpose "
+                                       "(exported with --fail-path)); no path is left"]
 
 
 @pytest.mark.gpu
@@ -375,10 +480,10 @@ def test_cute_file_without_tvm_ffi_compiles_for_the_plain_call(exported):
 # The self-check and the fallback (the runtime code the files inline, run in the package)
 
 
-def test_self_check_input_covers_every_code_and_signed_scales():
-    for m, k, l in submission.SELF_CHECK_SHAPES:
+def test_self_check_input_covers_every_code_and_the_scales_the_leaderboard_can_give():
+    for m, k, l in fallback.SELF_CHECK_SHAPES:
         for signed in (True, False):
-            data = submission.self_check_input(m, k, l, "cpu", signed)
+            data = fallback.self_check_input(m, k, l, "cpu", signed)
             assert validate_gemv_input(data) == (m, k, l)
             a, b, sfa, sfb, sfa_p, sfb_p, _ = data
             for codes in (unpack_fp4(a[:, :, 0]), unpack_fp4(b[0, :, 0])):  # the vector is row 0
@@ -389,6 +494,8 @@ def test_self_check_input_covers_every_code_and_signed_scales():
                 (signed, True, True)
             assert torch.equal(sfa_p.view(torch.uint8), to_permuted(sfa).view(torch.uint8))
             assert torch.equal(sfb_p.view(torch.uint8), to_permuted(sfb).view(torch.uint8))
+    unsigned = fallback.self_check_input(128, 256, 2, "cpu")
+    assert not (unsigned.sfa.float() < 0).any(), "by default the scales cuBLAS reads: sign bits clear"
 
 
 def _ignores_sign(data):
@@ -398,130 +505,111 @@ def _ignores_sign(data):
 
 
 def test_self_check_catches_a_wrong_kernel_and_passes_a_right_one():
-    assert submission.self_check(scaled_mm.gemv_scaled_mm_permuted, "cpu") is None
-    assert submission.self_check(_ignores_sign, "cpu").startswith("wrong result at (m, k, l) = (128, 256, 2)")
-    assert submission.self_check(lambda data: data.c, "cpu").startswith("wrong result")  # c left as poisoned
+    assert fallback.self_check(scaled_mm.gemv_scaled_mm_permuted, "cpu") is None
+    assert fallback.self_check(_ignores_sign, "cpu").startswith("wrong result at (m, k, l) = (128, 256, 2)")
+    assert fallback.self_check(lambda data: data.c, "cpu").startswith("wrong result")  # c left as poisoned
 
 
-@pytest.fixture
-def fake_paths(monkeypatch):
-    """Replace build_path with a table: name -> kernel (a callable, or an exception raised when building)."""
-    table = {}
+def _table(**kernels):
+    """choose_kernel's table: name -> (runs anywhere, a builder giving the kernel or raising the exception)."""
+    def builder(kernel):
+        def build():
+            if isinstance(kernel, Exception):
+                raise kernel
+            return kernel
+        return build
 
-    def build(name):
-        kernel = table[name]
-        if isinstance(kernel, Exception):
-            raise kernel
-        return f"fake {name}", kernel, True
-
-    monkeypatch.setattr(submission, "build_path", build)
-    return table
+    return {name: (paths.runs_anywhere, builder(kernel)) for name, kernel in kernels.items()}
 
 
-def test_a_failing_build_falls_back_with_one_line(fake_paths, capsys):
-    fake_paths.update(first=RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation\nmore"),
-                      second=scaled_mm.gemv_scaled_mm_permuted)
-    namespace = {}
-    kernel = SelfCheckedKernel(["first", "second"], namespace, device="cpu")
-    said = capsys.readouterr()
-    assert said.err.splitlines() == [
-        "self-check: first failed (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
-        "using second instead"]
-    assert said.out.splitlines() == ["self-check ok: second on cpu"]
-    assert (kernel.name, namespace["BACKEND"]) == ("second", "fake second")
+def _said(caplog):
+    return [(r.levelname, r.getMessage()) for r in caplog.records]
 
 
-def test_a_path_that_cannot_run_here_is_information_not_a_warning(fake_paths, capsys):
-    """Passed over with a line on stdout when another path runs; on stderr when none is left."""
-    fake_paths.update(gpu_only=submission.PathUnavailable("needs a CUDA GPU"), here=scaled_mm.gemv_scaled_mm_permuted)
-    kernel = SelfCheckedKernel(["gpu_only", "here"], {}, device="cpu")
-    said = capsys.readouterr()
-    assert said.out.splitlines() == ["gpu_only cannot run here (needs a CUDA GPU); using here",
-                                     "self-check ok: here on cpu"]
-    assert said.err == "" and kernel.name == "here"
-    SelfCheckedKernel(["gpu_only"], {}, device="cpu")
-    said = capsys.readouterr()
-    assert said.out == ""
-    assert said.err.splitlines() == ["gpu_only cannot run here (needs a CUDA GPU); no path is left: custom_kernel "
-                                     "will raise"]
+def test_a_failing_build_falls_back_with_one_warning(caplog):
+    with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
+        kernel, backend = runtime.choose_kernel(_table(
+            first=RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation\nmore"),
+            second=scaled_mm.gemv_scaled_mm_permuted))
+    assert _said(caplog) == [
+        ("WARNING", "first could not be built (RuntimeError: NVVM_ERROR_COMPILATION: unsupported operation); "
+                    "using second"), ("INFO", "self-check ok: second on cpu")]
+    assert kernel is scaled_mm.gemv_scaled_mm_permuted and backend == "second"
 
 
-def test_a_wrong_result_falls_back(fake_paths, capsys):
-    fake_paths.update(sign_bug=_ignores_sign, right=scaled_mm.gemv_scaled_mm_permuted)
-    kernel = SelfCheckedKernel(["sign_bug", "right"], {}, device="cpu")
-    said = capsys.readouterr()
-    first, = said.err.splitlines()
-    assert first.startswith("self-check: sign_bug failed (wrong result at (m, k, l) = (128, 256, 2): ")
-    assert first.endswith("; using right instead") and said.out.splitlines() == ["self-check ok: right on cpu"]
-    assert kernel.name == "right"
+def test_a_wrong_result_falls_back(caplog):
+    with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
+        kernel, _ = runtime.choose_kernel(_table(sign_bug=_ignores_sign, right=scaled_mm.gemv_scaled_mm_permuted))
+    (level, first), last = _said(caplog)
+    assert level == "WARNING" and first.startswith("sign_bug failed its self-check (wrong result at (m, k, l) = "
+                                                   "(128, 256, 2): ")
+    assert first.endswith("; using right") and last == ("INFO", "self-check ok: right on cpu")
+    assert kernel is scaled_mm.gemv_scaled_mm_permuted
 
 
-def test_a_failing_first_call_falls_back_and_later_calls_go_straight_to_the_kernel(fake_paths, capsys):
+def test_a_path_that_raises_later_stays_chosen_and_the_caller_gets_the_error():
+    """The choice is made once: KERNEL is the kernel itself (nothing on the hot path), and an error
+    of a later call is the caller's; the next call runs the same kernel."""
     calls = []
 
-    def breaks_on_its_first_real_call(data):
+    def breaks_once(data):
         calls.append(data.a.shape)
-        if len(calls) > len(submission.SELF_CHECK_SHAPES):  # the self-check passes, the real call does not
-            raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
+        if len(calls) == len(fallback.SELF_CHECK_SHAPES) + 1:  # the first real call
+            raise RuntimeError("CUDA_ERROR_LAUNCH_TIMEOUT")
         return scaled_mm.gemv_scaled_mm_permuted(data)
 
-    fake_paths.update(flaky=breaks_on_its_first_real_call, steady=scaled_mm.gemv_scaled_mm_permuted)
-    namespace = {}
-    namespace["KERNEL"] = SelfCheckedKernel(["flaky", "steady"], namespace, device="cpu")
-    assert capsys.readouterr().out.splitlines() == ["self-check ok: flaky on cpu"]
+    kernel, backend = runtime.choose_kernel(_table(flaky=breaks_once, steady=scaled_mm.gemv_scaled_mm_permuted))
+    assert kernel is breaks_once and backend == "flaky"
     data = generate_input(256, 512, 2, seed=5)
+    with pytest.raises(RuntimeError, match="CUDA_ERROR_LAUNCH_TIMEOUT"):
+        kernel(data)
     poison_(data.c)
-    assert check(namespace["KERNEL"](data), data).ok
-    said = capsys.readouterr()
-    assert said.err.splitlines() == [
-        "first call: flaky failed (RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU); using steady instead"]
-    assert said.out.splitlines() == ["self-check ok: steady on cpu"]
-    assert namespace["KERNEL"] is scaled_mm.gemv_scaled_mm_permuted  # no wrapper left on the hot path
-    assert namespace["BACKEND"] == "fake steady"
+    assert check(kernel(data), data).ok
 
 
-def test_an_input_error_on_the_first_call_is_the_callers(fake_paths, capsys):
-    fake_paths.update(only=scaled_mm.gemv_scaled_mm_permuted)
-    namespace = {}
-    namespace["KERNEL"] = kernel = SelfCheckedKernel(["only"], namespace, device="cpu")
-    with pytest.raises(NVFP4InputError, match="data: expected a 7-tuple"):
-        namespace["KERNEL"]((1, 2))
-    assert namespace["KERNEL"] is kernel and kernel.name == "only"  # nothing fell back
-    data = generate_input(128, 256, 1, seed=6)
-    assert check(namespace["KERNEL"](data), data).ok and namespace["KERNEL"] is scaled_mm.gemv_scaled_mm_permuted
+def test_when_every_path_fails_the_file_imports_and_every_call_says_why(caplog):
+    with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
+        kernel, backend = runtime.choose_kernel(_table(one=RuntimeError("no"), two=_ignores_sign))
+    said = _said(caplog)
+    assert said[0] == ("WARNING", "one could not be built (RuntimeError: no); no path is left")
+    assert said[1][0] == "WARNING" and said[1][1].startswith("two failed its self-check (wrong result")
+    assert len(said) == 2
+    assert backend == runtime.NO_PATH
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match=r"^no GEMV path passed its self-check on this machine: one could not "
+                                               r"be built \(RuntimeError: no\); two failed its self-check"):
+            kernel(generate_input(128, 256, 1))
 
 
-def test_when_every_path_fails_the_file_imports_and_the_call_says_why(fake_paths, capsys):
-    fake_paths.update(one=RuntimeError("no"), two=_ignores_sign)
-    kernel = SelfCheckedKernel(["one", "two"], {}, device="cpu")
-    err = capsys.readouterr().err.splitlines()
-    assert err[0] == "self-check: one failed (RuntimeError: no); no path is left: custom_kernel will raise"
-    assert err[1].startswith("self-check: two failed (wrong result") and len(err) == 2
-    with pytest.raises(RuntimeError, match="no GEMV path passed its self-check"):
-        kernel(generate_input(128, 256, 1))
+_real_self_check = fallback.self_check
 
 
-def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch, capsys):
+def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch, caplog):
     """The real path: a machine that looks like a B200 with the DSL, where compiling fails."""
     caps = dataclasses.replace(device.capabilities(), cuda=True, name="NVIDIA B200", sm=(10, 0), cute_dsl=True,
                                cute_arch="sm_100a", hw_e2m1=True)
-    monkeypatch.setattr(submission, "capabilities", lambda: caps)
-    monkeypatch.setattr(cute_gemv, "capabilities", lambda: caps)
+    for module in (runtime, cute_gemv, fallback):
+        monkeypatch.setattr(module, "capabilities", lambda: caps)
+    monkeypatch.setattr(runtime, "describe_backend", lambda where: "emulated (test)")
 
     def fails(*args, **kwargs):
         raise RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation")
 
     monkeypatch.setattr(cute_gemv, "compile_gemv", fails)
+    monkeypatch.setattr(fallback, "self_check", lambda kernel, where: _real_self_check(kernel, "cpu"))  # no GPU here
     cute_gemv._compiled.cache_clear()
+    table = {name: (paths.PATHS[name].unavailable, paths.PATHS[name].build)
+             for name in export_path("hybrid").candidates}
     try:
-        kernel = SelfCheckedKernel(export_path("hybrid").candidates, {}, device="cpu")
+        with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
+            kernel, backend = runtime.choose_kernel(table)
     finally:
         cute_gemv._compiled.cache_clear()
-    said = capsys.readouterr()
-    assert said.err.splitlines()[-1] == ("self-check: cute_fast failed (RuntimeError: NVVM_ERROR_COMPILATION: "
-                                         "unsupported operation); using scaled_mm_permuted instead")
-    assert said.out.splitlines()[-1] == "self-check ok: scaled_mm_permuted on cpu"
-    assert kernel.kernel is scaled_mm.gemv_scaled_mm_permuted
+    assert _said(caplog)[-2] == ("WARNING", "cute_fast could not be built (RuntimeError: NVVM_ERROR_COMPILATION: "
+                                            "unsupported operation); using scaled_mm_permuted")
+    assert _said(caplog)[-1] == ("INFO", "self-check ok: scaled_mm_permuted on NVIDIA B200 (sm_100)")
+    assert kernel is scaled_mm.gemv_scaled_mm_permuted
+    assert backend == "torch._scaled_mm on the permuted scales: emulated (test)"
 
 
 def test_fail_path_is_checked_and_written_into_the_file(tmp_path):
@@ -533,18 +621,18 @@ def test_fail_path_is_checked_and_written_into_the_file(tmp_path):
     with pytest.raises(ExportError, match="'scaled_mm_permuted' has no fallback"):
         export_source("scaled_mm_permuted", fail=("cute_fast",))
     text = export_source("hybrid", fail=("scaled_mm_permuted",))
-    assert ("KERNEL = SelfCheckedKernel(['cute_fast', 'scaled_mm_permuted'], globals(), "
-            "fail=('scaled_mm_permuted',))") in text
+    assert "}, fail=('scaled_mm_permuted',))" in text
     assert "`python -m nvfp4lib.leaderboard.export --path hybrid --fail-path scaled_mm_permuted`" in text
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the CuTe kernel would pass")
-def test_file_whose_every_path_fails_imports_and_raises_when_called(tmp_path, capsys):
+def test_file_whose_every_path_fails_imports_and_raises_when_called(tmp_path, caplog):
     path = write_submission("hybrid", tmp_path / "broken.py", fail=("scaled_mm_permuted",))
-    module = load_submission(path)
+    with caplog.at_level(logging.INFO):
+        module = load_submission(path)
     assert module.BACKEND == "no path passed its self-check"
-    assert ("self-check: scaled_mm_permuted failed (RuntimeError: made to fail on purpose (exported with "
-            "--fail-path))") in capsys.readouterr().err
+    assert ("WARNING", "scaled_mm_permuted could not be built (RuntimeError: made to fail on purpose (exported with "
+                       "--fail-path)); no path is left") in _said(caplog)
     with pytest.raises(RuntimeError, match="no GEMV path passed its self-check"):
         module.custom_kernel(generate_input(128, 256, 1))
 
@@ -560,21 +648,36 @@ MACHINES = {
 }
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="building the CuTe path would compile for this GPU")
 @pytest.mark.parametrize("machine", MACHINES)
-def test_dispatcher_and_exported_files_follow_one_order(machine, monkeypatch):
-    """Where nothing is measured or forced, the dispatcher's choice is the first candidate of the
-    hybrid file that can run there, and both run the same function."""
+def test_dispatcher_and_exported_files_choose_with_one_function(machine, monkeypatch):
+    """Where nothing is measured or forced, the dispatcher and the hybrid file hand `first_working`
+    the same candidates in the same order, with the same availability checks and builders, so on
+    one machine they pass over the same paths and run the same kernel."""
     caps = dataclasses.replace(device.capabilities(), **MACHINES[machine])
-    monkeypatch.setattr(submission, "capabilities", lambda: caps)
-    decision = dispatch.choose((4096, 7168, 8), caps=caps)
-    runnable = []
-    for name in export_path("hybrid").candidates:
-        try:
-            submission.build_path(name)  # compiles nothing here: this machine has no GPU to compile for
-        except RuntimeError:
-            continue
-        runnable.append(name)
-    assert decision.path == runnable[0]
-    if decision.path == "scaled_mm_permuted":
-        assert submission.build_path("scaled_mm_permuted")[1] is paths.PATHS["scaled_mm_permuted"].build()
+    seen = {}
+
+    def recording(who):
+        def first_working(candidates, build, where, *, unavailable=None, checked=None):
+            runnable = [name for name in candidates if unavailable(name) is None]
+            seen[who] = (runnable, build(runnable[0]))
+            return fallback.Choice(runnable[0], seen[who][1], ())
+        return first_working
+
+    built = {}
+    for name in ("cute_fast", "scaled_mm_permuted"):  # compiling needs a GPU: count the registry's builders instead
+        original = paths.PATHS[name].build
+        built[name] = f"built {name}" if name.startswith("cute") else original()
+        monkeypatch.setitem(paths.PATHS, name, dataclasses.replace(paths.PATHS[name],
+                                                                    build=functools.partial(built.get, name)))
+    monkeypatch.setattr(runtime, "capabilities", lambda: caps)
+    monkeypatch.setattr(dispatch, "capabilities", lambda: caps)
+    monkeypatch.setattr(runtime, "first_working", recording("file"))
+    monkeypatch.setattr(dispatch, "first_working", recording("dispatcher"))
+    monkeypatch.setattr(runtime, "describe_kernel", lambda name, kernel: name)
+    runtime.choose_kernel({name: (paths.PATHS[name].unavailable, paths.PATHS[name].build)
+                           for name in export_path("hybrid").candidates})
+    mine = dispatch.Dispatcher()
+    data = generate_input(128, 256, 1)
+    mine._plan(data, (data.a.shape, caps.cuda, None, None))
+    assert seen["file"] == seen["dispatcher"]
+    assert seen["file"][0] == paths.fallback_paths(caps, caps.cuda)

@@ -1,0 +1,66 @@
+"""The runtime of the exported one-file submissions: what a self-checked file runs at import.
+
+Everything here is inlined into the CuTe and hybrid files by `nvfp4lib.leaderboard.export` (the
+exporter itself stays out of them). At import such a file calls `choose_kernel` with its paths in
+order, its own first, then the rest of `paths.FALLBACK_ORDER`, each given by the registry's own
+`unavailable` and `build` functions (inlined from `nvfp4lib.paths`). The choice is
+`fallback.first_working`'s, the function the dispatcher chooses with, so the file and
+`dispatch.custom_kernel` run the same kernel on one machine. It is made once: the file's
+``KERNEL`` is the chosen kernel itself, and a later call that raises (an input the kernel refuses,
+say) leaves it chosen. When no path passes, ``KERNEL`` raises on every call, saying why.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from nvfp4lib.device import capabilities
+from nvfp4lib.fallback import first_working
+from nvfp4lib.scaled_mm import describe_backend
+
+
+def describe_kernel(name: str, kernel) -> str:
+    """What a chosen path runs here, in words (an exported file's ``BACKEND``)."""
+    caps = capabilities()
+    if name.startswith("cute_"):
+        call = "TVM-FFI call" if getattr(kernel, "tvm_ffi", False) else "plain call path, no apache-tvm-ffi"
+        return f"CuTe DSL {name.removeprefix('cute_')!r} kernel for {caps.cute_arch} ({call})"
+    if name == "scaled_mm_permuted":
+        return f"torch._scaled_mm on the permuted scales: {describe_backend('cuda' if caps.cuda else 'cpu')}"
+    return name
+
+
+class NoPathPassed:
+    """``KERNEL`` of a file none of whose paths passed at import: every call raises, saying why."""
+
+    def __init__(self, passed_over):
+        self.reasons = "; ".join(str(item) for item in passed_over)
+
+    def __call__(self, data):
+        raise RuntimeError(f"no GEMV path passed its self-check on this machine: {self.reasons}")
+
+
+NO_PATH = "no path passed its self-check"
+
+
+def choose_kernel(paths: dict, fail=()) -> tuple[Callable, str]:
+    """(``KERNEL``, ``BACKEND``) of an exported file: the first of `paths` (name -> (unavailable,
+    build), in order) that `first_working` accepts on this machine's device, and what it runs.
+
+    ``fail`` names paths to fail on purpose (the exporter's --fail-path), to see the fallback work.
+    """
+    caps = capabilities()
+    device = "cuda" if caps.cuda else "cpu"
+
+    def unavailable(name: str) -> str | None:
+        return paths[name][0](caps, caps.cuda)
+
+    def build(name: str) -> Callable:
+        if name in fail:
+            raise RuntimeError("made to fail on purpose (exported with --fail-path)")
+        return paths[name][1]()
+
+    choice = first_working(list(paths), build, device, unavailable=unavailable)
+    if choice.name is None:
+        return NoPathPassed(choice.passed_over), NO_PATH
+    return choice.kernel, describe_kernel(choice.name, choice.kernel)
