@@ -39,6 +39,7 @@ import torch
 
 from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
+from nvfp4lib.messages import describe_error
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name, cute_unavailable, fallback_paths
 
 PATH_ENV_VAR = "NVFP4_PATH"
@@ -225,7 +226,7 @@ class Dispatcher:
                         else fallback_paths(capabilities(), on_cuda, after=decision.path))
                 if not rest:
                     raise
-                why = f"{decision.path} could not be built ({type(err).__name__}: {err})"
+                why = f"{decision.path} could not be built ({describe_error(err, 400)})"
                 decision = Decision(rest[0], f"{why}; the next path of FALLBACK_ORDER", decision.shape_class,
                                     "fallback")
         self._plans[key], self._decisions[key] = run, decision

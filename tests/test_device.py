@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import nvfp4lib
+from nvfp4lib import device
 from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, environment_report,
                              print_environment)
 
@@ -96,10 +97,26 @@ def test_fp4_probe_keeps_the_exception(monkeypatch):
 def test_sm100_skip_reason_shows_the_probe(monkeypatch):
     import conftest
 
+    need = conftest.MARKER_NEEDS["sm100"]
     caps = dataclasses.replace(capabilities(), fp4_gemm=False,
                                fp4_gemm_reason="the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS")
-    assert "(the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS)" in conftest._missing(caps)["sm100"]
-    assert conftest._missing(dataclasses.replace(caps, fp4_gemm=True, fp4_gemm_reason=None))["sm100"] is None
+    assert "(the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS)" in device.missing(caps, need)
+    assert device.missing(dataclasses.replace(caps, fp4_gemm=True, fp4_gemm_reason=None), need) is None
+
+
+def test_every_need_is_met_or_says_why():
+    """One answer to "why can't this run here": a reason per unmet need, the first one of several."""
+    none = dataclasses.replace(capabilities(), cuda=False, sm=None, fp4_gemm=False, cute_dsl=False,
+                               fp4_gemm_reason="no CUDA GPU")
+    every = dataclasses.replace(none, cuda=True, sm=(10, 0), fp4_gemm=True, cute_dsl=True, fp4_gemm_reason=None)
+    assert set(device.NEEDS) == {"cuda", "cute_dsl", "fp4_gemm"}
+    for need in device.NEEDS:
+        assert device.missing(every, need) is None
+        assert device.missing(none, need).startswith("needs ")
+    assert device.missing(none, "cuda", "cute_dsl") == device.NO_CUDA
+    assert device.missing(dataclasses.replace(none, cuda=True), "cuda", "cute_dsl").startswith("needs the CuTe DSL")
+    with pytest.raises(ValueError, match="need: expected one of"):
+        device.missing(every, "tensor cores")
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10,

@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from nvfp4lib import paths  # noqa: E402
+from nvfp4lib.bench.peers import all_paths  # noqa: E402
 from nvfp4lib.bench import report as bench_report
 from nvfp4lib.leaderboard import export as submission
 from nvfp4lib.bench import suite
@@ -36,7 +36,7 @@ def _committed_names() -> list[str]:
 
 NAMING_SCHEMES = {
     "suite": _suite_names(),
-    "paths.PATHS": list(paths.PATHS),
+    "peers.all_paths()": list(all_paths()),
     "submission.EXPORTS": list(submission.EXPORTS),
     "committed results": _committed_names(),
 }
@@ -59,7 +59,7 @@ def test_fixed_colours_are_distinct_and_valid():
 
 def test_the_fixed_colours_are_those_of_the_registry_paths():
     """One colour per registry path, plus the dispatcher and the hybrid file; no colour of a name gone."""
-    assert set(PATH_COLORS) == set(paths.PATHS) | {"dispatch", submission.HYBRID}
+    assert set(PATH_COLORS) == set(all_paths()) | {"dispatch", submission.HYBRID}
 
 
 @pytest.mark.parametrize("names", [
@@ -94,7 +94,7 @@ def _rows(names: list[str]) -> list[dict]:
     rows = []
     for s in BENCHMARK_SHAPES:
         for i, name in enumerate(names):
-            kind = paths.PATHS[path_key(name)].kind if path_key(name) in paths.PATHS else "nvfp4lib"
+            kind = all_paths()[path_key(name)].kind if path_key(name) in all_paths() else "nvfp4lib"
             rows.append(dict(path=name, kind=kind, label=name,
                              shape_set="benchmark", m=s.m, k=s.k, l=s.l, bytes=bytes_moved(s), status="ok",
                              kernel_us=10.0 + i, leaderboard_us=15.0 + i, host_us=2.0, timing="cuda-events",

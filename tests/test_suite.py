@@ -14,7 +14,7 @@ from nvfp4lib.bench import report as bench_report
 from nvfp4lib.bench import suite
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.paths import PATHS
+from nvfp4lib.bench.peers import all_paths
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 FAST_PATHS = ["peer_eager", "peer_bf16"]  # every path runs in the slow test
@@ -152,8 +152,9 @@ def _check_csv(path, expect_paths):
         assert r["device_slug"] == "cpu" and r["timing"] == "wall"
     for r in rows:
         if r["kind"] != "ceiling" and r["status"] == "skipped":  # named as the registry names it
-            assert (r["kind"], r["label"]) == (PATHS[r["path"]].kind, PATHS[r["path"]].label), r
-            assert r["note"] == PATHS[r["path"]].why_not_timed(capabilities(), capabilities().cuda)
+            path = all_paths()[r["path"]]
+            assert (r["kind"], r["label"]) == (path.kind, path.label), r
+            assert r["note"] == path.why_not_timed(capabilities(), capabilities().cuda)
     timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] != "skipped"]
     assert {r["path"] for r in timed} == set(expect_paths)
     assert len(timed) == len(expect_paths) * len(plan.tasks())

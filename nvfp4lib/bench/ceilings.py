@@ -24,8 +24,10 @@ import torch
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
                             time_kernel)
 from nvfp4lib.contract import Shape
-from nvfp4lib.device import capabilities
-from nvfp4lib.bench.harness import describe_error, measure, timing_fields
+from nvfp4lib.bench import triton_gemv
+from nvfp4lib.bench.harness import measure, timing_fields
+from nvfp4lib.device import NO_CUDA, capabilities, missing
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import bytes_moved
 
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
@@ -45,6 +47,11 @@ def read_buffer(nbytes: int, device) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # The reads: each says why it cannot run here, or binds to a buffer
+
+
+def _needs_cuda(device: torch.device) -> str | None:
+    """The reads of a GPU's memory need the buffer there."""
+    return None if device.type == "cuda" else NO_CUDA
 
 
 class BoundRead(NamedTuple):
@@ -87,13 +94,7 @@ class TritonRead:
     name, label = "triton", "streaming read: Triton, 16-byte loads"
 
     def why_not(self, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs a CUDA GPU"
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "Triton is not installed"
-        return None
+        return _needs_cuda(device) or triton_gemv.why_unavailable()
 
     def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
         """The read of `buf` with one launch shape."""
@@ -186,11 +187,7 @@ class CuteRead:
     name, label = "cute", "streaming read: CuTe StreamRead, 16-byte loads"
 
     def why_not(self, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs a CUDA GPU"
-        if not capabilities().cute_dsl:
-            return "the CuTe DSL is not installed (pip install -e '.[cute]')"
-        return None
+        return _needs_cuda(device) or missing(capabilities(), "cute_dsl")
 
     def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
         reader = stream_reader()

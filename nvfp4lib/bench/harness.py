@@ -41,6 +41,7 @@ from nvfp4lib import reference
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             Timing, gbps, leaderboard_time, time_host_visible, time_kernel)
 from nvfp4lib.contract import Shape
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.leaderboard.submission_file import load_submission
 
@@ -208,15 +209,6 @@ class Outcome:
     message: str
     timing: Timing | None
     checked: int  # results checked against the reference (1 + one per timed call in ranked mode)
-
-
-def describe_error(err: BaseException, limit: int | None = None) -> str:
-    """The exception as 'Type: message'; with `limit`, the message's first line only, cut to `limit` characters."""
-    text = str(err).strip()
-    if limit is not None:
-        text = (text.splitlines() or [""])[0]
-        text = text if len(text) <= limit else text[:limit - 3] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def benchmark_case(kernel: Callable, case: Case, *, ranked: bool = False, rule: StoppingRule = BENCHMARK_RULE,

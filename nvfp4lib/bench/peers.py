@@ -10,18 +10,24 @@ Each takes the leaderboard 7-tuple, writes every element of c and returns it:
   cuBLAS GEMV per call (`bf16_gemv_dequantizing` does both in one call). The call is cheap to
   write but reads 4x the bytes of the NVFP4 data.
 
-Their names, summaries and how the benchmark builds them are in nvfp4lib.paths (``peer_*``).
+The Triton kernels (nvfp4lib.bench.triton_gemv) are peers too. `PEERS` registers them all as paths
+under the names of nvfp4lib.paths (``peer_*``, ``triton_*``), and `all_paths` is every path a
+benchmark times: the package's and the peers.
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
 import torch
 
+from nvfp4lib.bench import triton_gemv
 from nvfp4lib.contract import BLOCK_SIZE, validate_gemv_input
+from nvfp4lib.device import Capabilities
 from nvfp4lib.formats import NVFP4Tensor, decode_e2m1, decode_e4m3, dequantize_nvfp4, unpack_fp4
+from nvfp4lib.paths import PATHS, GemvPath
 
 
 # ------------------------------------------------------------------------------ eager
@@ -148,5 +154,46 @@ def bf16_gemv(prepared: PreparedBF16, data) -> torch.Tensor:
 
 def bf16_gemv_dequantizing(data) -> torch.Tensor:
     """`bf16_gemv` with the weights dequantized in the call, so it is always right for the values
-    as they are now; benchmarks prepare once instead (nvfp4lib.paths binds it that way)."""
+    as they are now; benchmarks prepare once instead (`PEERS` binds it that way)."""
     return bf16_gemv(prepare_bf16_weights(data), data)
+
+
+# ------------------------------------------------------------------------------ the registry
+
+
+def _on_cuda(reason: str | None, on_cuda: bool) -> str | None:
+    return reason or (None if on_cuda else "Triton kernels need the inputs on a CUDA GPU")
+
+
+def triton_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    return _on_cuda(triton_gemv.why_unavailable(caps), on_cuda)
+
+
+def dot_scaled_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
+    return _on_cuda(triton_gemv.dot_scaled_unavailable(caps), on_cuda)
+
+
+PEERS: dict[str, GemvPath] = {p.name: p for p in (
+    GemvPath("peer_eager", "eager dequant + matmul", "eager PyTorch: dequantize to float32, one matmul per batch",
+             lambda: eager_dequant_matmul, kind="peer"),
+    GemvPath("peer_compiled", "torch.compile dequant-reduce", "torch.compile of dequantize-and-reduce, "
+             "fused into one pass over A", lambda: compiled_dequant_reduce, kind="peer",
+             describe=lambda data: compile_note or ""),
+    GemvPath("peer_bf16", "cuBLAS bf16 GEMV", "cuBLAS bf16 GEMV on weights dequantized ahead of time "
+             "(4x the bytes; benchmarks dequantize once, untimed)", lambda: bf16_gemv_dequantizing, kind="peer",
+             timed_call=lambda data: functools.partial(bf16_gemv, prepare_bf16_weights(data), data)),
+    GemvPath("triton_nvfp4", "Triton NVFP4 GEMV", "Triton: packed bytes, table-lookup decode, fp32 accumulation, "
+             "autotuned", lambda: triton_gemv.TritonGemv("table"), triton_unavailable, kind="peer"),
+    GemvPath("triton_nvfp4_bits", "Triton NVFP4 GEMV, bit decode", "the Triton GEMV with the codes decoded by bit "
+             "operations instead of a table", lambda: triton_gemv.TritonGemv("bits"), triton_unavailable, kind="peer"),
+    GemvPath("triton_dot_scaled", "Triton tl.dot_scaled", "Triton's block-scaled tl.dot_scaled with e2m1 "
+             "operands (Blackwell)", lambda: triton_gemv.TritonDotScaledGemv(), dot_scaled_unavailable,
+             kind="peer"),
+)}
+"""The peers as paths: what a PyTorch or Triton user would run instead of the package's kernels."""
+
+
+def all_paths() -> dict[str, GemvPath]:
+    """Every path a benchmark times, by name: the package's (`nvfp4lib.paths.PATHS`) and then the
+    peers (`PEERS`). The suite, the figures' colours and the tests see the two through this."""
+    return {**PATHS, **PEERS}

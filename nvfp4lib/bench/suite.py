@@ -38,8 +38,10 @@ from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceiling
 from nvfp4lib.contract import Shape, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
-from nvfp4lib.bench.harness import check_bound, describe_error, measure as measure_timings, timing_fields
-from nvfp4lib.paths import GemvPath, PATHS
+from nvfp4lib.bench.harness import check_bound, measure as measure_timings, timing_fields
+from nvfp4lib.messages import describe_error, first_line
+from nvfp4lib.paths import GemvPath
+from nvfp4lib.bench.peers import all_paths
 from nvfp4lib.bench.plots import declare_mode
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
@@ -60,7 +62,7 @@ class BenchPath:
     """One way to compute the GEMV. `bind(data)` does any untimed preparation and returns the
     zero-argument callable that is checked and timed; it returns c."""
 
-    name: str  # as in --only and the CSV: a name of nvfp4lib.paths, or "dispatch"
+    name: str  # as in --only and the CSV: a name of peers.all_paths(), or "dispatch"
     kind: str  # "nvfp4lib" or "peer"
     label: str
     bind: Callable
@@ -100,11 +102,11 @@ def _dispatch_path() -> BenchPath:
 
 
 def discover_paths(caps: Capabilities | None = None) -> tuple[list[BenchPath], list[tuple[str, str]]]:
-    """(paths of nvfp4lib.paths that can run here and the dispatcher, [(name, why not)] for the
-    others), nvfp4lib's paths first, then the peers; the exact reference is not timed."""
+    """(the paths of `peers.all_paths` that can run here and the dispatcher, [(name, why not)] for
+    the others), nvfp4lib's paths first, then the peers; the exact reference is not timed."""
     caps = caps or capabilities()
     found, skipped = [], []
-    for path in sorted(PATHS.values(), key=lambda p: p.kind != "nvfp4lib"):
+    for path in sorted(all_paths().values(), key=lambda p: p.kind != "nvfp4lib"):
         if path.kind == "yardstick":
             continue
         why = path.why_not_timed(caps, caps.cuda)
@@ -183,11 +185,6 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _first_line(text: str, limit: int = 160) -> str:
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
 def _warmup(reps: int) -> int:
     return min(10, reps)
 
@@ -211,7 +208,7 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         return {"status": "error", "note": describe_error(e, 160)}
     row["max_abs_err"] = result.max_abs_err
     if not result.ok:  # still timed: a peer's accuracy is part of the comparison
-        row.update(status="inexact", note=_first_line(result.message.replace("\n", "; "), 300))
+        row.update(status="inexact", note=first_line(result.message.replace("\n", "; "), 300))
     try:
         reps = _reps_for(fn, plan)
         nbytes = bytes_moved(shape_of(data))
@@ -222,7 +219,7 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         return row
     if path.describe is not None:
         try:
-            row["note"] = _first_line(path.describe(data))
+            row["note"] = first_line(path.describe(data), 160)
         except Exception:  # noqa: BLE001 - a description is optional
             pass
     return row
@@ -303,7 +300,8 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
             dict(common, path="reduction", kind="ceiling", label="row-sum reduction", shape_set="ceiling",
                  bytes=None, status="ok", kernel_gbps=reduction, note="read counted")]
     rows += [dict(common, **r) for r in reads]
-    rows += [dict(common, path=n, kind=PATHS[n].kind, label=PATHS[n].label,
+    registry = all_paths()
+    rows += [dict(common, path=n, kind=registry[n].kind, label=registry[n].label,
                   shape_set="-", status="skipped", note=why) for n, why in skipped]
 
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Bit-exact numpy models of the CuTe kernels' FP4 decodes and of the fast kernel's arithmetic.
 
 Each device helper of `nvfp4lib.cute.decode` (and the PTX ops of `nvfp4lib.cute.ptx` under it) has
-its model here under the same name, with the same constants, checked against `nvfp4lib.formats`'
-exact decode for every byte and code (tests/test_decode_models.py); notebook 04 uses these models.
+its model here under the same name, with the kernels' own constants (`nvfp4lib.cute.constants`),
+checked against `nvfp4lib.formats`' exact decode for every byte and code
+(tests/test_decode_models.py); notebook 04 uses these models.
 
 The Blackwell build decodes FP4 with ``cvt.rn.f16x2.e2m1x2``, an sm_100a instruction that the
 H200 (sm_90) cannot run, so its numbers are modelled here, instruction by instruction, and checked
@@ -39,15 +40,8 @@ from collections import defaultdict
 import numpy as np
 import torch
 
+from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.study.ptx import instructions
-
-# The constants of the kernels' decodes (nvfp4lib.cute.decode traces them; the models here define them)
-FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
-LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
-SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word
-DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}
-"""What a block sum is multiplied by to be the true dot product: the bit trick decodes A to its value
-times 2^-14; the lookup decodes A and B to twice their values."""
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
 WARP = 32
