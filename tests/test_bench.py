@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib.bench import timing as bench
+from nvfp4lib.bench import timing
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, BenchRow, RANKED_RULE, RANKED_WARMUP_RULE,
                             StoppingRule, Timing, copy_bandwidth_gbps, flush_l2, format_table, gbps, leaderboard_time,
                             percent, reduction_bandwidth_gbps, summarize, time_host_visible, time_kernel, time_one_call)
@@ -80,10 +80,10 @@ def test_format_table_without_host_column():
 
 
 def test_flush_l2_is_noop_without_cuda(no_cuda, monkeypatch):
-    monkeypatch.setattr(bench, "_flush_buffers", {})
+    monkeypatch.setattr(timing, "_flush_buffers", {})
     assert flush_l2() is None
     assert flush_l2("cpu") is None
-    assert bench._flush_buffers == {}
+    assert timing._flush_buffers == {}
 
 
 def test_bandwidth_probes_on_cpu():
@@ -114,15 +114,15 @@ def test_kernel_time_of_known_copy_is_plausible():
 def test_flush_buffer_allocated_once():
     flush_l2()
     index = torch.cuda.current_device()
-    buf = bench._flush_buffers[index]
+    buf = timing._flush_buffers[index]
     l2 = torch.cuda.get_device_properties(index).L2_cache_size
-    assert buf.numel() == (2 * l2 if l2 > 0 else bench.FLUSH_FALLBACK_BYTES)
+    assert buf.numel() == (2 * l2 if l2 > 0 else timing.FLUSH_FALLBACK_BYTES)
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     for _ in range(5):
         flush_l2()
     torch.cuda.synchronize()
-    assert bench._flush_buffers[index] is buf
+    assert timing._flush_buffers[index] is buf
     assert torch.cuda.memory_allocated() == allocated
 
 
@@ -253,7 +253,7 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.log.append("synchronize"))
         monkeypatch.setattr(torch.cuda, "Event", Event)
-        monkeypatch.setattr(bench, "flush_l2", lambda device=None, mode="write": self.log.append(f"flush {mode}"))
+        monkeypatch.setattr(timing, "flush_l2", lambda device=None, mode="write": self.log.append(f"flush {mode}"))
 
     def call(self):
         self.log.append("call")
@@ -301,7 +301,7 @@ def test_leaderboard_flush_is_a_4_gib_float32_randn(monkeypatch):
 def test_bench_imports_only_the_standard_library_and_torch():
     """nvfp4lib.leaderboard.evaluate runs this module's source in a submission's process, where nvfp4lib (or
     anything else not on the leaderboard machine) cannot be imported: every import, at any depth."""
-    tree = ast.parse(Path(bench.__file__).read_text())
+    tree = ast.parse(Path(timing.__file__).read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     tops = {name.partition(".")[0] for name in names}

@@ -12,7 +12,7 @@ from nvfp4lib.study import decode_models as dm
 from nvfp4lib.contract import Shape
 from nvfp4lib.formats import E2M1_VALUES, byte_values
 from nvfp4lib.problem import generate_input
-from nvfp4lib.study.ptx import instructions
+from nvfp4lib.study.ptx_reading import instructions
 from nvfp4lib.reference import check
 
 DECODES = ("hw", "lut", "bitops")

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib.util
+import inspect
 
 import pytest
 import torch
@@ -146,10 +147,22 @@ def test_blackwell_check_counts_all_skipped_as_a_failure():
 
 def test_calibrate_without_a_gpu_skips_and_says_why(monkeypatch, capsys):
     """`make calibrate` on a CPU: a one-line reason and exit 0, no minutes of emulated timing."""
-    from tools import calibrate
+    from nvfp4lib.bench import calibration
 
-    monkeypatch.setattr(calibrate, "capabilities",
+    monkeypatch.setattr(calibration, "capabilities",
                         lambda: dataclasses.replace(capabilities(), cuda=False, name="cpu", sm=None))
-    monkeypatch.setattr(calibrate.calibration, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
-    assert calibrate.main() == 0
+    monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
+    assert calibration.main([]) == 0
     assert "calibrate: skipped" in capsys.readouterr().out
+
+
+def test_the_dispatch_table_has_one_path_and_save_table_makes_its_folder(tmp_path):
+    from nvfp4lib import dispatch
+    from nvfp4lib.locations import BUILD_DIR, DISPATCH_TABLE
+
+    assert DISPATCH_TABLE.parent == BUILD_DIR
+    assert inspect.signature(dispatch.save_table).parameters["path"].default == DISPATCH_TABLE
+    assert inspect.signature(dispatch.load_table).parameters["path"].default == DISPATCH_TABLE
+    table = dispatch.Table("NVIDIA B200", "10.0", {"L1-A2^20": {"path": "cute_fast", "mean_us": {}, "shapes": []}})
+    saved = dispatch.Dispatcher().save_table(tmp_path / "new" / "folder" / "table.json", table)
+    assert dispatch.Table.from_json(saved.read_text()) == table

@@ -14,7 +14,7 @@ import torch
 from nvfp4lib import contract, dispatch, paths
 from nvfp4lib.bench import calibration
 from nvfp4lib.bench.peers import all_paths
-from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.leaderboard import export
 from nvfp4lib.bench.timing import StoppingRule, summarize
 from nvfp4lib.contract import NAMES, NVFP4InputError, Shape
 from nvfp4lib.device import Capabilities, capabilities
@@ -300,8 +300,8 @@ def test_the_last_path_of_the_fallback_order_runs_anywhere(caps):
 def test_every_exportable_path_can_be_exported():
     exportable = {name for name, path in paths.PATHS.items() if path.exportable}
     assert {"cute_fast", "scaled_mm_permuted"} <= exportable
-    assert exportable <= set(submission.EXPORTS)
-    assert set(submission.EXPORTS) - exportable == {submission.HYBRID}
+    assert exportable <= set(export.EXPORTS)
+    assert set(export.EXPORTS) - exportable == {export.HYBRID}
 
 
 def test_the_dispatcher_runs_the_package_paths_only():
@@ -324,7 +324,7 @@ def test_the_paths_an_exported_file_runs_have_one_builder():
     if why is not None:
         with pytest.raises(RuntimeError, match=re.escape(why)):
             paths.standalone_path("cute_fast")
-    _, code = submission.inline_objects([paths.standalone_path])
+    _, code = export.inline_objects([paths.standalone_path])
     sections = [line[2:] for line in code.splitlines() if line.startswith("# nvfp4lib/")]
     assert "nvfp4lib/paths.py" in sections
     assert not [s for s in sections if s.startswith(("nvfp4lib/bench", "nvfp4lib/leaderboard", "nvfp4lib/study"))]

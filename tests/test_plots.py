@@ -15,7 +15,7 @@ from matplotlib.colors import to_hex  # noqa: E402
 
 from nvfp4lib.bench.peers import all_paths  # noqa: E402
 from nvfp4lib.bench import report as bench_report
-from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.leaderboard import export
 from nvfp4lib.bench import suite
 from nvfp4lib.device import capabilities  # noqa: E402
 from nvfp4lib.locations import REPO_ROOT  # noqa: E402
@@ -37,7 +37,7 @@ def _committed_names() -> list[str]:
 NAMING_SCHEMES = {
     "suite": _suite_names(),
     "peers.all_paths()": list(all_paths()),
-    "submission.EXPORTS": list(submission.EXPORTS),
+    "export.EXPORTS": list(export.EXPORTS),
     "committed results": _committed_names(),
 }
 UNKNOWN = ["cute-fast-v2", "my_kernel", "Peer-Triton", "x"]
@@ -59,7 +59,7 @@ def test_fixed_colours_are_distinct_and_valid():
 
 def test_the_fixed_colours_are_those_of_the_registry_paths():
     """One colour per registry path, plus the dispatcher and the hybrid file; no colour of a name gone."""
-    assert set(PATH_COLORS) == set(all_paths()) | {"dispatch", submission.HYBRID}
+    assert set(PATH_COLORS) == set(all_paths()) | {"dispatch", export.HYBRID}
 
 
 @pytest.mark.parametrize("names", [

@@ -88,7 +88,7 @@ def test_a_wrong_path_is_reported_and_still_timed():
     def wrong(d):
         return d[6].zero_()
 
-    row = suite.measure(_path(wrong), data, _plan())
+    row = suite.check_and_time(_path(wrong), data, _plan())
     assert row["status"] == "inexact" and "mismatch" in row["note"]
     assert row["kernel_us"] > 0 and row["max_abs_err"] > 1e-3
 
@@ -97,14 +97,14 @@ def test_a_path_that_raises_is_reported():
     def broken(d):
         raise RuntimeError("no kernel for this\nsecond line")
 
-    row = suite.measure(_path(broken), generate_input(128, 256, 1, seed=0), _plan())
+    row = suite.check_and_time(_path(broken), generate_input(128, 256, 1, seed=0), _plan())
     assert row == {"status": "error", "note": "RuntimeError: no kernel for this"}
 
 
 def test_a_correct_path_is_timed_three_ways():
     from nvfp4lib.bench import peers
 
-    row = suite.measure(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
+    row = suite.check_and_time(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
     assert row["status"] == "ok"
     assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["host_visible_us"] > 0
     assert row["kernel_reps"] >= 1 and row["leaderboard_reps"] >= 1 and "leaderboard_err_us" in row
@@ -121,7 +121,7 @@ def test_a_path_is_checked_on_a_clone_against_the_untouched_input():
         d[0].view(torch.uint8).zero_()
         return d[6].copy_(reference_gemv(d))
 
-    row = suite.measure(_path(zero_a_then_compute), data, _plan())
+    row = suite.check_and_time(_path(zero_a_then_compute), data, _plan())
     assert row["status"] == "inexact" and "mismatch" in row["note"]
     assert torch.equal(data[0].view(torch.uint8), a_before)
 

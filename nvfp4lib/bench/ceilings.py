@@ -11,7 +11,7 @@ A ceiling is the best of several independent reads of a buffer of exactly the sh
 Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness.measure). Besides the
 reads after the flush the GEMV is timed with (path "read-<name>": the L2 left full of dirty lines,
 whose write-back competes with the read), `read_ceilings` times the same reads after a flush whose
-dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode "clean") and over
+dirty lines were written back first ("read-<name>-clean", `timing.flush_l2` mode "clean") and over
 2 GiB (shape_set "ceiling"), so that the floor can be taken apart: the fixed cost of a call (launch,
 first-load latency, tail), the write-back of the flush's dirty lines, and bytes over bandwidth.
 """

@@ -9,7 +9,7 @@ time (each call with the GPU idle: host cost included). In the same run it measu
 streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the best of a CuTe
 (`ceilings.StreamRead`), a Triton and a PyTorch read), against which each kernel is
 judged: "% of best read" is the best read's time as a percentage of the kernel's, per measure.
-``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`bench_report.write_csv`).
+``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`report.write_csv`).
 
 Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
 ``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
@@ -32,7 +32,7 @@ from nvfp4lib.device import capabilities
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
-DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
+DEFAULT_CONFIGS = ("default",)  # the per-K choice of nvfp4lib.cute.gemv.default_config
 
 
 def parse_tiled_config(text: str) -> TiledConfig:
@@ -158,7 +158,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.cute_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
                         help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")

@@ -14,7 +14,7 @@ The leaderboard's benchmark, as its harness runs it (`benchmark_case`, `run_mode
   (`combine_seed`), so that the public seeds say nothing about the data;
 * one obligatory check first: the kernel on a clone of a fresh input, checked against a copy the
   kernel never saw;
-* then leaderboard time (`bench.leaderboard_time`) until the mode's stopping rule says stop.
+* then leaderboard time (`timing.leaderboard_time`) until the mode's stopping rule says stop.
   Benchmark mode calls the kernel on that one input again and again, unchecked. Ranked mode (the
   harness's "leaderboard" mode) advances the seed by 13 and makes a new input before every timed
   call, gives the kernel that input (its c poisoned with NaN, untimed, as everywhere in the
@@ -154,7 +154,7 @@ def measure(fn: Callable[[], object], measures: Sequence[str] = MEASURES, *, rul
     "kernel" and "host-visible" make `warmup` untimed then `reps` timed calls; "leaderboard" is
     the leaderboard's method in benchmark mode, `fn` again and again until `rule` says stop.
     `flush=None` gives each its own L2 flush ("write" for the first two, the leaderboard's randn
-    for leaderboard time); a `bench.flush_l2` mode uses that one for all three."""
+    for leaderboard time); a `timing.flush_l2` mode uses that one for all three."""
     unknown = [m for m in measures if m not in MEASURES]
     if unknown:
         raise ValueError(f"measures: expected names from {MEASURES}, got {unknown}")
@@ -220,7 +220,7 @@ def benchmark_case(kernel: Callable, case: Case, *, ranked: bool = False, rule: 
     judges a result (default `reference.check`). First the obligatory check on a clone, then
     leaderboard time: on the same input (`ranked=False`) or, with `ranked`, on a new input with
     the seed advanced by RANKED_SEED_STEP before every call, each result checked against a copy
-    of its input. `time_call` and `clock` go to `bench.leaderboard_time` (fakes in tests)."""
+    of its input. `time_call` and `clock` go to `timing.leaderboard_time` (fakes in tests)."""
     make_input = make_input or leaderboard_input
     check = check or reference.check
     checked = 0

@@ -38,7 +38,7 @@ from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceiling
 from nvfp4lib.contract import Shape, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
-from nvfp4lib.bench.harness import check_bound, measure as measure_timings, timing_fields
+from nvfp4lib.bench.harness import check_bound, measure, timing_fields
 from nvfp4lib.messages import describe_error, first_line
 from nvfp4lib.paths import GemvPath
 from nvfp4lib.bench.peers import all_paths
@@ -198,7 +198,7 @@ def _reps_for(fn: Callable, plan: Plan) -> int:
     return max(plan.min_reps, min(plan.reps, int(plan.budget_s / per_call)))
 
 
-def measure(path: BenchPath, data, plan: Plan) -> dict:
+def check_and_time(path: BenchPath, data, plan: Plan) -> dict:
     """Check one path once (on a clone of `data`, c poisoned, judged against `data`), then time
     it on that clone three ways (nvfp4lib.bench.harness.measure); a row of the CSV (without context)."""
     row: dict = {"status": "ok", "note": ""}
@@ -212,7 +212,7 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
     try:
         reps = _reps_for(fn, plan)
         nbytes = bytes_moved(shape_of(data))
-        row.update(timing_fields(measure_timings(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
+        row.update(timing_fields(measure(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
     except Exception as e:  # noqa: BLE001
         return dict(row, status="error", note=f"while timing: {describe_error(e, 160)}")
     if row["status"] == "inexact":
@@ -313,7 +313,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
             for path in paths:
                 context = dict(common, path=path.name, kind=path.kind, label=path.label, shape_set=shape_set,
                                m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape))
-                row = dict(context, **measure(path, data, plan))
+                row = dict(context, **check_and_time(path, data, plan))
                 if row["status"] == "ok":
                     _add_ceilings(row, copy, reads)
                     row["note"] = "; ".join(filter(None, [row["note"], cpu_note]))
@@ -360,7 +360,7 @@ def is_failure(row: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.suite", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="folder for <device>.csv (default build/bench)")
     parser.add_argument("--only", nargs="+", metavar="PATH",

@@ -15,7 +15,7 @@ The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so 
 is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once
 per chunk and reused for all rows of the warp. The loads of the next step are issued before the
 math of the current one. Each 16-element block is summed exactly (packed fp16, or int32 with the
-lookup: see ``cute_decode.chunk_dots``), then scaled and accumulated in fp32, reduced over the
+lookup: see `nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the
 warp with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64
 contiguous bytes per warp load); the permuted tensor-core layout is an option, slower for this
 access pattern (docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a
@@ -115,7 +115,7 @@ def _stage_snapshot(stage):
 
 
 def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
-    """acc[r] += the dot products of chunk u of one step (``cute_decode.chunk_dots``)."""
+    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.chunk_dots`)."""
     a, sfa, b, sfb = values
     b_dec = []
     for w in range(4):

@@ -16,7 +16,7 @@ on any machine (tests/test_decode_models.py):
   f16 bit patterns from the E2M1 fields (sign, 2 exponent bits with bias 1, 1 mantissa bit); the
   tests compare them with ``formats.E2M1_VALUES`` for all 256 bytes.
 * `HW_BLOCK` is the hardware-decode kernel's pairing of A bytes, B bytes and scale bytes (what
-  `cute_decode.decode_word_hw` and `block_dot` and cute_gemv's chunk accumulation do with decode "hw");
+  `cute.decode.decode_word_hw` and `block_dot` and cute.gemv's chunk accumulation do with decode "hw");
   `hw_pairing_from_ptx` reads the same pairing back from the operands of the sm_100a PTX (which
   loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale half
   multiplies which block sum).
@@ -41,7 +41,7 @@ import numpy as np
 import torch
 
 from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
-from nvfp4lib.study.ptx import instructions
+from nvfp4lib.study.ptx_reading import instructions
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
 WARP = 32
@@ -165,7 +165,7 @@ def dp4a(a, b, acc) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# The three decodes of one 32-bit word of 8 codes (cute_decode's device helpers, modelled)
+# The three decodes of one 32-bit word of 8 codes (cute.decode's device helpers, modelled)
 
 
 HALF2_CODES = {"hw": ((0, 1), (2, 3), (4, 5), (6, 7)), "bitops": ((2, 6), (0, 4), (3, 7), (1, 5))}
@@ -183,12 +183,12 @@ def codes_in_order(halves4, decode: str) -> np.ndarray:
 
 
 def decode_word_hw(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
+    """`cute.decode.decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
     return [cvt_f16x2_e2m1x2(byte) for byte in unpack_bytes(word)]
 
 
 def decode_word_bitops(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
+    """`cute.decode.decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
     x = np.asarray(word, dtype=np.uint32)
     even = ((x << 1) & 0x0E0E0E0E) | ((x << 4) & 0x80808080)
     odd = ((x >> 3) & 0x0E0E0E0E) | (x & 0x80808080)
@@ -196,14 +196,14 @@ def decode_word_bitops(word) -> list[np.ndarray]:
 
 
 def decode_b_word_bitops(word) -> list[np.ndarray]:
-    """`cute_decode.decode_b_word` without the hardware decode: the bit trick times half2(2^14, 2^14)
+    """`cute.decode.decode_b_word` without the hardware decode: the bit trick times half2(2^14, 2^14)
     with ``fma.rn.f16x2``, true values in the order of `decode_word_bitops`."""
     two14 = np.uint32(FP16X2_2_POW_14)
     return [fma_rn_f16x2(h, two14, 0) for h in decode_word_bitops(word)]
 
 
 def decode_word_lut(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative
+    """`cute.decode.decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative
     ones (`prmt` from the table LUT_LO, LUT_HI)."""
     x = np.asarray(word, dtype=np.uint32)
     flipped = x ^ np.uint32(SIGN_BITS)
@@ -212,19 +212,19 @@ def decode_word_lut(word) -> list[np.ndarray]:
 
 
 def negate_bytes(v) -> np.ndarray:
-    """`cute_decode.negate_bytes`: -v per byte of a word, for bytes in [0, 128]."""
+    """`cute.decode.negate_bytes`: -v per byte of a word, for bytes in [0, 128]."""
     return ((np.uint32(0x80808080) - np.asarray(v, dtype=np.uint32)) ^ np.uint32(0x80808080)).astype(np.uint32)
 
 
 def decode_b_word_lut(word) -> list[np.ndarray]:
-    """`cute_decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
+    """`cute.decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
     return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi)]
 
 
 # ---------------------------------------------------------------------------------------------
-# One 16-code block and one chunk, as cute_decode.block_dot / block_dot_lut and cute_gemv compute them
+# One 16-code block and one chunk, as cute.decode.block_dot / block_dot_lut and cute.gemv compute them
 
 
 HW_BLOCK = tuple(((w, i), (w, i)) for w in range(2) for i in range(4))
@@ -260,7 +260,7 @@ def block_sum(a_words, b_words, decode: str) -> np.ndarray:
 
 def chunk_update(acc, a_words, b_words, sfa_pair, sfb_pair, decode: str) -> np.ndarray:
     """acc after one 16-byte chunk (4 words of A and of B, the u16 of 2 scale bytes each), as
-    cute_gemv's chunk accumulation compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
+    cute.gemv's chunk accumulation compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
     then ``fma.rn.f32(scale product, block sum, acc)`` for block 0, then block 1."""
     sb = cvt_e4m3x2_f32(sfb_pair)
     sa = cvt_e4m3x2_f32(sfa_pair)
@@ -355,7 +355,7 @@ class _Dataflow:
     """Where the values of the hardware-decode fast kernel's PTX come from.
 
     Loads are identified by their place in a stage: per unroll step u, B's 16 bytes then its scales,
-    then for each row r A's 16 bytes and scales (as cute_gemv stages them); the prologue and the loop body
+    then for each row r A's 16 bytes and scales (as cute.gemv stages them); the prologue and the loop body
     each issue one stage. A register written in several places (a loop-carried value, or a
     predicated load and the zero it defaults to) must come from one load either way.
     """

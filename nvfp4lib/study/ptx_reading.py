@@ -1,7 +1,7 @@
 """Reading compiled PTX: which instructions a kernel got, how many of each, and where.
 
-The CuTe kernels compile for any target without a GPU (``cute_gemv.compile_ptx`` and
-``compile_cubin``), so the PTX is evidence that can be checked on any machine: whether a target
+The CuTe kernels compile for any target without a GPU (`nvfp4lib.cute.gemv.compile_ptx` and
+`compile_cubin`), so the PTX is evidence that can be checked on any machine: whether a target
 decodes FP4 with the hardware conversion, a register lookup or integer bit operations, whether
 loads are 128 bits wide, how many shuffles the warp reduction takes; the cubin says how many
 registers ptxas gave the kernel and whether it spilled. Counts here are static (each
