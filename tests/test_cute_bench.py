@@ -58,7 +58,7 @@ def test_time_all_rows(monkeypatch, tmp_path):
     loaded = bench_report.load_results(path)
     assert [r["path"] for r in loaded] == [r["path"] for r in reads + rows]
     with pytest.raises(ValueError, match="flush"):
-        cute_bench.time_all(kernels, SHAPES, flush="dirty", reads=reads, device="cpu")
+        cute_bench.time_all(kernels, SHAPES, flush="write", reads=reads, device="cpu")
 
 
 def test_kernel_names_follow_the_package_scheme():

@@ -16,6 +16,7 @@ from nvfp4lib.bench.timing import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, Stoppin
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.locations import DISPATCH_TABLE
+from nvfp4lib.messages import first_line
 from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, save_table, shape_class
 from nvfp4lib.bench.harness import check_bound, measure
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name
@@ -67,7 +68,7 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CANDIDATES, *, rule: StoppingR
                 say(f"timing {name} at {where} {step} ...")
                 fn = builder.build(name)
                 result, call = check_bound(lambda given: lambda: fn(given), data)
-                why_not = None if result.ok else f"wrong result at {tuple(s)}: {result.message.splitlines()[0]}"
+                why_not = None if result.ok else f"wrong result at {tuple(s)}: {first_line(result.message)}"
             else:
                 say(f"skipping {name} at {where} {step}: {why_not}")
             if why_not is not None:

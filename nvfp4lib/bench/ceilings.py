@@ -21,8 +21,8 @@ from typing import Callable, Iterable, NamedTuple
 
 import torch
 
-from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
-                            time_kernel)
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
+                                   text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
 from nvfp4lib.bench import triton_gemv
 from nvfp4lib.bench.harness import measure, timing_fields
@@ -33,7 +33,6 @@ from nvfp4lib.problem import bytes_moved
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
 TRITON_LAUNCH_SHAPES = tuple((block, warps) for block in (2048, 4096, 8192, 16384) for warps in (4, 8, 16))
 """(int32 words per program, warps per program) tried for the Triton read of each buffer."""
-FLUSHES = {"dirty": None, "clean": "clean"}  # flush of the read -> harness.measure's flush argument
 FASTEST_NOTE = "fastest read here"
 
 
@@ -116,15 +115,13 @@ class TritonRead:
 
 
 def compile_stream_read(arch: str | None = None, options: str = ""):
-    """The CuTe DSL kernel of `StreamRead`, compiled for TVM-FFI calls (src pointer, 16-byte vector
-    count, sink pointer, stream). `arch` None compiles for this GPU; e.g. "sm_100a" cross-compiles
-    without one. `options` are extra CuTe DSL compile options (e.g. --keep-ptx --dump-dir DIR).
-    (This module has no `from __future__ import annotations`: the DSL reads the kernels'
-    annotations, which name the locally imported `cutlass` and `cute`.)"""
-    import cutlass
-    from cutlass.cute.runtime import make_fake_stream
-
-    from nvfp4lib.cute.ptx import cute, ld_global_v4_if
+    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.gemv.compile_launch`) for TVM-FFI calls
+    (src pointer, 16-byte vector count, sink pointer, stream). `arch` None compiles for this GPU;
+    e.g. "sm_100a" cross-compiles without one. `options` are extra CuTe DSL compile options (e.g.
+    --keep-ptx --dump-dir DIR). (This module has no `from __future__ import annotations`: the DSL
+    reads the kernels' annotations, which name the locally imported `cutlass` and `cute`.)"""
+    from nvfp4lib.cute.gemv import compile_launch
+    from nvfp4lib.cute.ptx import cute, cutlass, ld_global_v4_if
 
     threads, loads = StreamRead.THREADS, StreamRead.LOADS
 
@@ -149,9 +146,7 @@ def compile_stream_read(arch: str | None = None, options: str = ""):
         blocks = (n_vec + threads * loads - 1) // (threads * loads)
         kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    arch_option = f" --gpu-arch {arch}" if arch else ""
-    return cute.compile(launch, cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0), make_fake_stream(),
-                        options=f"--enable-tvm-ffi{arch_option} {options}")
+    return compile_launch(launch, [cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0)], arch, options, tvm_ffi=True)
 
 
 class StreamRead:
@@ -261,8 +256,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                                   note=f"failed here: {describe_error(err, 160)}") for flush in flushes]
                 continue
             for flush in flushes:
-                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps,
-                                  flush=FLUSHES[flush])
+                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps, flush=flush)
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
                                      **timing_fields(timings, nbytes)))
         del buf
@@ -279,8 +273,8 @@ def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "
     """{shape: the read row with the lowest <measure_name>_us at that shape and flush} from
     `read_ceilings` rows (or a benchmark CSV's rows): the ceiling of that shape."""
     if flush not in FLUSHES:
-        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
-    key = f"{measure_name.replace('-', '_')}_us"
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
+    key = time_column(measure_name)
     best: dict[Shape, dict] = {}
     for r in rows:
         path = r.get("path") or ""
@@ -302,9 +296,9 @@ def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> d
     fields = {}
     for name in ("kernel", "leaderboard"):
         best = best_reads(reads, flush, name).get(shape)
-        us = row.get(f"{name}_us")
+        us = row.get(time_column(name))
         if best is not None and us:
-            fields[f"{name}_pct_of_read"] = 100.0 * best[f"{name}_us"] / us
+            fields[time_column(name, "pct_of_read")] = 100.0 * best[time_column(name)] / us
     return fields
 
 

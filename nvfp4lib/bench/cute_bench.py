@@ -24,11 +24,11 @@ import argparse
 import dataclasses
 import sys
 
-from nvfp4lib.bench.timing import cell_text
+from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
-from nvfp4lib.device import capabilities
+from nvfp4lib.device import capabilities, missing
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
@@ -115,22 +115,18 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
     return ok_all
 
 
-FLUSHES = {"write": None, "clean": "clean"}  # --flush -> harness.measure's flush (None: each measure's own)
-READ_FLUSH = {"write": "dirty", "clean": "clean"}  # --flush -> the reads timed after the same flush
-
-
-def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: list[dict] | None = None,
+def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: list[dict] | None = None,
              device: str = "cuda") -> list[dict]:
     """Time every kernel at every shape -> rows in the benchmark CSV's schema (path: the kernel's name).
 
     Each row has kernel, leaderboard and host-visible time (`harness.timing_fields`) and
     kernel_pct_of_read / leaderboard_pct_of_read against the best streaming read of the same
     bytes after the same flush. `reads` are `ceilings.read_ceilings` rows of these shapes; None
-    measures them here (they are not part of the returned rows). `flush` "write" times as the
-    leaderboard does (leaderboard time with its own flush); "clean" flushes without dirty lines.
-    `device` other than "cuda" is for testing the logic (wall clock)."""
+    measures them here (they are not part of the returned rows). `flush` (`timing.FLUSHES`) "dirty"
+    times as the leaderboard does (leaderboard time with its own flush); "clean" flushes without
+    dirty lines. `device` other than "cuda" is for testing the logic (wall clock)."""
     if flush not in FLUSHES:
-        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     if reads is None:
         reads = read_ceilings([("benchmark", s) for s in shapes], clean=flush == "clean", large=False,
                               reps=reps, device=device, log=print)
@@ -141,13 +137,13 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
         for name, kernel in kernels:
             kernel(data)  # compiles on first use, outside the timings
             n = reps if name != kernel_name("naive") else max(3, reps // 20)
-            timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=FLUSHES[flush])  # noqa: B023
+            timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=flush)  # noqa: B023
             computes = kernel.cfg is None or kernel.cfg.compute
             note = f"flush {flush}" + ("" if computes else "; loads only: not checked")
             row = dict(path=name, kind="nvfp4lib", label=name,
                        shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
-                       flush=READ_FLUSH[flush], **timing_fields(timings, nbytes))
-            row.update(percent_of_read(row, reads, READ_FLUSH[flush]))
+                       flush=flush, **timing_fields(timings, nbytes))
+            row.update(percent_of_read(row, reads, flush))
             rows.append(row)
             print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
                   f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
@@ -163,8 +159,8 @@ def main(argv=None) -> int:
                         help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
-    parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),
-                        help="L2 flush before each timed call: 'write' as the leaderboard (leaves dirty "
+    parser.add_argument("--flush", nargs="+", default=["dirty"], choices=FLUSHES,
+                        help="L2 flush before each timed call: 'dirty' as the leaderboard (leaves dirty "
                              "lines whose write-back competes with the kernel), 'clean' (no write-back)")
     parser.add_argument("--csv", help="write the reads and the timings here (the benchmark CSV's columns)")
     args = parser.parse_args(argv)
@@ -173,8 +169,9 @@ def main(argv=None) -> int:
 
     caps = capabilities()
     print(caps.summary())
-    if not caps.cuda or not caps.cute_dsl:
-        print("needs a CUDA GPU and CuTe DSL (nvidia-cutlass-dsl); nothing to time here")
+    why_not = missing(caps, "cuda", "cute_dsl")
+    if why_not is not None:
+        print(f"{why_not}; nothing to time here")
         return 0
     kernels = list(variants(args.configs))
     ok = args.no_check or check_all(kernels, TEST_SHAPES + EXTRA_SHAPES, seed=0)

@@ -21,11 +21,10 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from nvfp4lib.bench.timing import cell_text, gbps, geomean, percent, text_table
+from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, percent, text_table, time_column
 from nvfp4lib.bench.ceilings import best_reads, percent_of_read
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
-from nvfp4lib.bench.harness import MEASURES
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
 
@@ -48,7 +47,7 @@ COLUMNS = (
 """CSV columns; the timing ones are `harness.timing_fields`'s. kernel_us and host_visible_us are medians,
 leaderboard_us the mean (as the leaderboard reports it) with its std and standard error; host_us is the
 CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
-as a percentage of the row's time by that measure. status: ok | inexact (outside rtol = atol = 1e-3,
+as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
 and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
 "read-<name>-clean" of nvfp4lib.bench.ceilings (timed like a path; flush "dirty" or "clean")."""
@@ -148,17 +147,9 @@ def find_results(slug: str | None = None) -> Path | None:
 
 # ------------------------------------------------------------------------------ measures and ceilings
 
-STATISTIC = {"kernel": "median", "leaderboard": "mean", "host-visible": "median"}  # the figure each measure reports
 OLDER_RUN_NOTE = ("older run: these results predate leaderboard time; what they called leaderboard time was "
                   "host-visible time (each call after a synchronize, the GPU idle, host cost included), "
                   "shown here as host-visible (older run)")
-
-
-def time_column(measure: str) -> str:
-    """The CSV column of a measure's time (harness.MEASURES): "host-visible" -> "host_visible_us"."""
-    if measure not in MEASURES:
-        raise ValueError(f"measure: expected one of {MEASURES}, got {measure!r}")
-    return f"{measure.replace('-', '_')}_us"
 
 
 def _ceiling(rows: list[dict], name: str) -> float | None:
@@ -170,7 +161,7 @@ def _timed(rows: list[dict]) -> list[dict]:
 
 
 def measures_in(rows: list[dict]) -> list[str]:
-    """The measures (harness.MEASURES, in that order) that some timed path of `rows` has a time for."""
+    """The measures (timing.MEASURES, in that order) that some timed path of `rows` has a time for."""
     timed = _timed(rows)
     return [m for m in MEASURES if any(r.get(time_column(m)) is not None for r in timed)]
 

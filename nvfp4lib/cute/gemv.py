@@ -519,6 +519,30 @@ def has_tvm_ffi() -> bool:
     return True
 
 
+def compile_target(arch: str | None = None) -> str:
+    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
+    Raises RuntimeError where the DSL cannot build the kernels or there is no target."""
+    if DSL_PROBLEM is not None:
+        raise RuntimeError(DSL_PROBLEM)
+    arch = arch or capabilities().cute_arch
+    if arch is None:
+        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    return arch
+
+
+def compile_launch(launch, example_args, arch: str | None = None, options: str = "", tvm_ffi: bool | None = None):
+    """``cute.compile`` of a ``@cute.jit`` function ``launch(*example_args, stream)`` for `arch`
+    (`compile_target`), no GPU needed: every CuTe kernel of the workbook is compiled here. For
+    TVM-FFI calls where apache-tvm-ffi is installed (or as `tvm_ffi` says); `options` are extra
+    CuTe DSL compile options."""
+    arch = compile_target(arch)
+    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: compile_target checked it
+
+    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    return cute.compile(launch, *example_args, make_fake_stream(),
+                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
                  options: str = "", tvm_ffi: bool | None = None):
     """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
@@ -529,14 +553,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
     apache-tvm-ffi is installed.
     """
-    if DSL_PROBLEM is not None:
-        raise RuntimeError(DSL_PROBLEM)
-    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: DSL_PROBLEM is None
-
-    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
-    arch = arch or capabilities().cute_arch
-    if arch is None:
-        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    arch = compile_target(arch)
     decode = resolve_decode(arch, cfg.decode)
     if variant == "fast" and isinstance(cfg, TiledConfig):
         kernel = make_tiled_kernel(cfg, decode)
@@ -562,8 +579,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
         n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
         kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    return cute.compile(launch, *[Int64(0)] * 5, *[Int32(1)] * 3, make_fake_stream(),
-                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+    return compile_launch(launch, [Int64(0)] * 5 + [Int32(1)] * 3, arch, options, tvm_ffi)
 
 
 def check_launch_bounds(shape) -> None:

@@ -17,9 +17,9 @@ on any machine (tests/test_decode_models.py):
   tests compare them with ``formats.E2M1_VALUES`` for all 256 bytes.
 * `HW_BLOCK` is the hardware-decode kernel's pairing of A bytes, B bytes and scale bytes (what
   `cute.decode.decode_word_hw` and `block_dot` and cute.gemv's chunk accumulation do with decode "hw");
-  `hw_pairing_from_ptx` reads the same pairing back from the operands of the sm_100a PTX (which
-  loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale half
-  multiplies which block sum).
+  the tests read the same pairing back from the operands of the sm_100a PTX (tests/ptx_pairing.py:
+  which loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale
+  half multiplies which block sum).
 * `fast_kernel_model` computes what the fast kernel computes, lane by lane: block sums in packed
   fp16 (or dp4a integers), scale products and ``fma.rn.f32`` accumulation in the kernel's order,
   the butterfly shuffle reduction, the final rounding to fp16, for decode "hw" (sm_100a) and for the
@@ -34,14 +34,10 @@ replicates its sign bit when ``sel & 8``; ``dp4a.s32.s32`` adds the products of 
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
-
 import numpy as np
 import torch
 
 from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
-from nvfp4lib.study.ptx_reading import instructions
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
 WARP = 32
@@ -325,165 +321,3 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 def _pairs(scales: np.ndarray) -> np.ndarray:
     """[..., K/16] scale bytes -> [..., K/32] u16 of (byte 2c, byte 2c + 1), as ``ld.u16`` reads them."""
     return scales[..., 0::2].astype(np.uint32) | scales[..., 1::2].astype(np.uint32) << 8
-
-
-# ---------------------------------------------------------------------------------------------
-# The pairing in the sm_100a PTX
-
-
-_REGISTER = re.compile(r"%?[A-Za-z_][\w$]*")
-
-
-def _split_operands(text: str) -> list[str]:
-    """Top-level comma-separated operands ({...} and [...] kept whole)."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    return parts + [current.strip()] if current.strip() else parts
-
-
-def _names(operand: str) -> list[str]:
-    return [n.strip() for n in operand.strip("{}").split(",")]
-
-
-class _Dataflow:
-    """Where the values of the hardware-decode fast kernel's PTX come from.
-
-    Loads are identified by their place in a stage: per unroll step u, B's 16 bytes then its scales,
-    then for each row r A's 16 bytes and scales (as cute.gemv stages them); the prologue and the loop body
-    each issue one stage. A register written in several places (a loop-carried value, or a
-    predicated load and the zero it defaults to) must come from one load either way.
-    """
-
-    def __init__(self, ptx: str, rows: int, unroll: int):
-        self.ins = instructions(ptx)
-        self.rows, self.unroll = rows, unroll
-        self.defs: dict[str, list[int]] = defaultdict(list)
-        self.loads: dict[int, tuple] = {}
-        per_stage = unroll * (rows + 1)
-        counters = {"v4": 0, "u16": 0}
-        for index, (op, args) in enumerate(self.ins):
-            if op.startswith(("st.", "bra", "ret", "setp", "bar")):
-                continue
-            operands = _split_operands(args)
-            if operands:
-                for name in _names(operands[0]):
-                    self.defs[name].append(index)
-            if op.startswith("ld.global"):
-                kind = "v4" if ".v4." in op else "u16"
-                position = counters[kind] % per_stage
-                counters[kind] += 1
-                u, q = divmod(position, rows + 1)
-                role = "B" if q == 0 else "A"
-                if kind == "v4" and (role == "A") != ("L1::no_allocate" in op):
-                    raise ValueError(f"load {counters[kind] - 1} ({op}) is not where a stage puts {role}'s load")
-                self.loads[index] = (role, q - 1 if q else None, u)
-        if counters["v4"] != 2 * per_stage or counters["u16"] != 2 * per_stage:
-            raise ValueError(f"expected 2 stages of {per_stage} 128-bit and 16-bit loads, found {counters}")
-
-    def origin(self, name: str, at: int):
-        """What the value of `name` read by instruction `at` is, as a nested tuple."""
-        if not _REGISTER.fullmatch(name):
-            return ("const", name)
-        defs = self.defs.get(name, [])
-        if not name.startswith("%"):  # an inline-asm block's own name: its latest definition
-            defs = [max(i for i in defs if i < at)]
-        found = {self._origin_of(i, name) for i in defs}
-        if len(found) > 1:
-            found.discard(("const", "0"))  # the default of a predicated load
-        if len(found) != 1:
-            raise ValueError(f"{name} (read by instruction {at}) has several origins: {sorted(map(str, found))}")
-        return found.pop()
-
-    def _origin_of(self, index: int, name: str):
-        op, args = self.ins[index]
-        operands = _split_operands(args)
-        written = _names(operands[0])
-        if index in self.loads:
-            role, row, u = self.loads[index]
-            return ("load", role, row, u, written.index(name)) if ".v4." in op else ("scales", role, row, u)
-        if op in ("mov.b32", "mov.b16"):
-            if operands[0].startswith("{"):
-                return ("part", self.origin(operands[1], index), written.index(name))
-            return self.origin(operands[1], index)
-        if op in ("cvt.rn.f16x2.e2m1x2", "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "cvt.rn.f16.f32"):
-            return (op, self.origin(operands[1], index))
-        if op == "fma.rn.f16x2":
-            return (op, *(self.origin(x, index) for x in operands[1:]))
-        if op in ("add.f32", "mul.f32"):
-            return (op, frozenset(self.origin(x, index) for x in operands[1:]))
-        return ("other", op)
-
-
-def _cvt_byte(origin) -> tuple:
-    """(role, row, u, word, byte) of the FP4 byte a ``cvt.rn.f16x2.e2m1x2`` result decodes."""
-    op, part = origin
-    if op != "cvt.rn.f16x2.e2m1x2" or part[0] != "part" or part[1][0] != "load":
-        raise ValueError(f"not the hardware decode of a loaded byte: {origin}")
-    _, role, row, u, word = part[1]
-    return role, row, u, word, part[2]
-
-
-def _scale_half(origin) -> tuple:
-    """(role, row, u, half) of the scale a ``cvt.f32.f16`` of a ``cvt.rn.f16x2.e4m3x2`` half is."""
-    op, part = origin
-    if op != "cvt.f32.f16" or part[0] != "part" or part[1][0] != "cvt.rn.f16x2.e4m3x2":
-        raise ValueError(f"not a decoded scale: {origin}")
-    _, role, row, u = part[1][1]
-    return role, row, u, part[2]
-
-
-def _fma_chain(origin) -> list:
-    """The (A operand, B operand) of each ``fma.rn.f16x2`` of a chain that starts from 0, in order."""
-    chain = []
-    while origin != ("const", "0"):
-        op, a, b, acc = origin
-        if op != "fma.rn.f16x2":
-            raise ValueError(f"a block sum that is not a chain of fma.rn.f16x2 from 0: {origin}")
-        chain.append((_cvt_byte(a), _cvt_byte(b)))
-        origin = acc
-    return chain[::-1]
-
-
-def hw_pairing_from_ptx(ptx: str, rows: int, unroll: int) -> set:
-    """The pairing the sm_100a fast kernel's PTX computes, one entry per block of every (row, unroll
-    step): (r, u, A's scale (row, u, half), B's scale (u, half), ((A word, byte), (B word, byte)) of
-    each fma in order). Read from the operands of every ``fma.rn.f32 d, p, s, acc``: p is a product
-    of two decoded scale halves, s the lo + hi of a chain of ``fma.rn.f16x2`` over decoded bytes."""
-    flow = _Dataflow(ptx, rows, unroll)
-    found = set()
-    for index, (op, args) in enumerate(flow.ins):
-        if op != "fma.rn.f32":
-            continue
-        _, p, s, _ = _split_operands(args)
-        scale_op, scales = flow.origin(p, index)
-        sum_op, halves = flow.origin(s, index)
-        if scale_op != "mul.f32" or sum_op != "add.f32" or len(scales) != 2 or len(halves) != 2:
-            raise ValueError(f"instruction {index}: fma.rn.f32 of {scale_op} and {sum_op}, not a scaled block sum")
-        by_role = {h[0]: h for h in map(_scale_half, scales)}
-        parts = sorted((h[1][2], h[1][1]) for h in halves if h[0] == "cvt.f32.f16" and h[1][0] == "part")
-        if set(by_role) != {"A", "B"} or [i for i, _ in parts] != [0, 1] or parts[0][1] != parts[1][1]:
-            raise ValueError(f"instruction {index}: not A's scale x B's scale x (lo + hi) of one fp16 block sum")
-        chain = _fma_chain(parts[0][1])
-        a_loads = {a[:3] for a, _ in chain}  # (role, row, u)
-        b_loads = {b[:3] for _, b in chain}
-        if len(a_loads) != 1 or len(b_loads) != 1 or a_loads.pop()[0] != "A" or b_loads.pop()[0] != "B":
-            raise ValueError(f"instruction {index}: a block's first operands are not one load of A and its "
-                             f"second operands one load of B: {chain}")
-        row, u = chain[0][0][1], chain[0][0][2]
-        _, sa_row, sa_u, sa_half = by_role["A"]
-        _, _, sb_u, sb_half = by_role["B"]
-        found.add((row, u, (sa_row, sa_u, sa_half), (sb_u, sb_half),
-                   tuple(((a[3], a[4]), (b[3], b[4])) for a, b in chain)))
-    return found
-
-
-def expected_hw_pairing(rows: int, unroll: int) -> set:
-    """`hw_pairing_from_ptx`'s answer if the kernel pairs bytes and scales as `HW_BLOCK` says."""
-    return {(r, u, (r, u, j), (u, j), tuple(((2 * j + wa, ia), (2 * j + wb, ib)) for (wa, ia), (wb, ib) in HW_BLOCK))
-            for r in range(rows) for u in range(unroll) for j in range(2)}

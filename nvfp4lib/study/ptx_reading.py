@@ -47,6 +47,25 @@ def instructions(ptx: str) -> list[tuple[str, str]]:
     return found
 
 
+def operands(text: str) -> list[str]:
+    """The operands of an instruction (the text after its opcode, as `instructions` gives it), split at
+    the top-level commas: a vector ``{a, b}`` or an address ``[p+8]`` stays one operand."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return parts + [current.strip()] if current.strip() else parts
+
+
+def registers(operand: str) -> list[str]:
+    """The names an operand holds: each element of a vector ``{a, b}``, else the operand itself."""
+    return [name.strip() for name in operand.strip("{}").split(",")]
+
+
 def opcode_counts(ptx: str) -> Counter:
     """How often each full opcode (e.g. ``ld.global.nc.v4.u32``) appears."""
     return Counter(op for op, _ in instructions(ptx))
