@@ -22,7 +22,7 @@ from typing import Callable, Iterable, NamedTuple
 import torch
 
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
-                                   text_table, time_column, time_kernel)
+                                   gbps, text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
 from nvfp4lib.bench import triton_gemv
 from nvfp4lib.bench.harness import measure, timing_fields
@@ -269,6 +269,12 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
     return rows
 
 
+def read_rows(rows: Iterable[dict]) -> list[dict]:
+    """The streaming reads (`read_ceilings` rows, or a benchmark CSV's) in `rows` that ran."""
+    return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
+            and r.get("status") == "ok"]
+
+
 def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
     """{shape: the read row with the lowest <measure_name>_us at that shape and flush} from
     `read_ceilings` rows (or a benchmark CSV's rows): the ceiling of that shape."""
@@ -276,10 +282,8 @@ def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "
         raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     key = time_column(measure_name)
     best: dict[Shape, dict] = {}
-    for r in rows:
-        path = r.get("path") or ""
-        if (r.get("kind") != "ceiling" or not path.startswith("read-") or r.get("status") != "ok"
-                or r.get("m") is None or path.endswith("-clean") != (flush == "clean")):
+    for r in read_rows(rows):
+        if r.get("m") is None or r["path"].endswith("-clean") != (flush == "clean"):
             continue
         shape = Shape(r["m"], r["k"], r["l"])
         if shape not in best or r[key] < best[shape][key]:
@@ -302,11 +306,61 @@ def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> d
     return fields
 
 
+def large_read(rows: Iterable[dict]) -> dict | None:
+    """The fastest read (kernel time) of the large buffer (shape_set "ceiling", no shape) in `rows`."""
+    large = [r for r in read_rows(rows) if r.get("m") is None and r.get("shape_set") == "ceiling"]
+    return min(large, key=lambda r: r["kernel_us"], default=None)
+
+
+class Floor(NamedTuple):
+    """A shape's floor, the best read of its bytes by kernel time (us), taken apart."""
+    shape: Shape
+    nbytes: int
+    dirty: dict  # the best read after the GEMV's flush (the L2 left full of dirty lines)
+    clean: dict  # the best read after a clean flush
+    streaming_us: float  # the bytes at the bandwidth of the large buffer's fastest read
+
+    @property
+    def fixed_us(self) -> float:
+        """The fixed cost of a call (launch, first-load latency, tail): the clean read beyond streaming."""
+        return self.clean["kernel_us"] - self.streaming_us
+
+    @property
+    def writeback_us(self) -> float:
+        """The write-back of the flush's dirty lines: the read after the usual flush beyond the clean one."""
+        return self.dirty["kernel_us"] - self.clean["kernel_us"]
+
+
+def floors(rows: Iterable[dict]) -> list[Floor]:
+    """Per shape read after both flushes, its floor taken apart (`Floor`): bytes over bandwidth, the
+    fixed cost of a call and the write-back of the flush, adding up to the read after the usual
+    flush. Needs `read_ceilings` rows with the large buffer (`large_read`); empty without it."""
+    rows = list(rows)
+    large = large_read(rows)
+    if large is None:
+        return []
+    bandwidth = gbps(large["bytes"], large["kernel_us"])
+    dirty, clean = best_reads(rows, "dirty", "kernel"), best_reads(rows, "clean", "kernel")
+    return [Floor(s, dirty[s]["bytes"], dirty[s], clean[s], dirty[s]["bytes"] / bandwidth / 1e3)
+            for s in dirty if s in clean]
+
+
+def floor_table(rows: Iterable[dict]) -> str:
+    """`floors` as a table: per shape the best reads after both flushes and the three parts, in us."""
+    def read(r: dict) -> str:
+        return f"{r['kernel_us']:.2f} ({r['path'].removeprefix('read-').removesuffix('-clean')})"
+
+    body = [[f"{f.shape.m}x{f.shape.k}x{f.shape.l}", f"{f.nbytes / 1e6:.1f}", read(f.dirty), read(f.clean),
+             *(f"{x:.2f}" for x in (f.streaming_us, f.fixed_us, f.writeback_us))] for f in floors(rows)]
+    header = ["shape", "MB", "after the usual flush", "after a clean flush", "bytes over bandwidth",
+              "fixed cost of a call", "write-back of the flush"]
+    return text_table(header, body, left=1) if body else "(no shape was read after both flushes)"
+
+
 def ceiling_table(rows: Iterable[dict]) -> str:
     """Per size and flush: each read's leaderboard time and kernel time (us), and the fastest read
     by leaderboard time with its bandwidth."""
-    reads = [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
-             and r.get("status") == "ok"]
+    reads = read_rows(rows)
     names = list(dict.fromkeys(r["path"].removeprefix("read-").removesuffix("-clean") for r in reads))
     groups: dict = {}
     for r in reads:
