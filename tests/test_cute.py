@@ -255,7 +255,7 @@ def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):
         cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL, tvm_ffi=True)
     pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)
     args = cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=False)
-    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.stream_argument(0, False))
+    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.cu_stream()(0))
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)).contents.value for p in marshalled[:5]] == list(pointers)
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int32)).contents.value for p in marshalled[5:8]] == [3584, 7168, 4]
     assert cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=True) == (*pointers, 3584, 7168, 4)

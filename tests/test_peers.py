@@ -97,3 +97,16 @@ def test_bf16_benchmark_call_dequantizes_once_outside_the_timed_call(monkeypatch
         result = check(c, data)
         assert result.ok, result.message
     assert len(prepared) == 1
+
+
+def test_a_peer_validates_a_set_of_tensors_once(monkeypatch):
+    """Validation is remembered per set of tensors (a TupleCache), not repeated by every timed call."""
+    seen = []
+    real = peers.validate_gemv_input
+    monkeypatch.setattr(peers, "validate_gemv_input", lambda data, **kw: seen.append(1) or real(data, **kw))
+    data = generate_input(128, 256, 2, seed=21)
+    for _ in range(3):
+        assert check(peers.eager_dequant_matmul(data), data).ok
+    assert len(seen) == 1
+    peers.eager_dequant_matmul(generate_input(128, 256, 2, seed=22))
+    assert len(seen) == 2

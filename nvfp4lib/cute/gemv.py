@@ -53,7 +53,7 @@ from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
-MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; the tiled configs and cute_bench's keep to it too
+MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; FastConfig and TiledConfig keep to it too
 MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
 """Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
 size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
@@ -73,6 +73,14 @@ class FastConfig:
     decode: str = "auto"  # FP4 decode: "hw" (sm_100a+), "lut" or "bitops" (any); "auto" picks per target
     prefetch: int = 0  # steps ahead whose A rows are prefetched into L2 (bulk prefetch, sm_90+); 0: none
     lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
+
+    def __post_init__(self):
+        if min(self.rows_per_warp, self.warps_per_block, self.unroll, self.blocks_per_sm) < 1 or self.prefetch < 0:
+            raise ValueError(f"FastConfig: expected rows_per_warp, warps_per_block, unroll and blocks_per_sm >= 1 and "
+                             f"prefetch >= 0, got {self}")
+        if MAX_ROWS_PER_BLOCK % self.rows_per_block or self.rows_per_warp > 32:
+            raise ValueError(f"rows_per_warp x warps_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} with at most "
+                             f"32 rows per warp (a lane writes each), got {self.rows_per_warp} x {self.warps_per_block}")
 
     @property
     def rows_per_block(self) -> int:
@@ -316,9 +324,15 @@ def _tile_loads(stage, a_base, sfa_base, kh, row, seg, segs, n_chunks, lane, cfg
         for i in range(4):
             a_buf[4 * u + i] = words[i]
         sfa_buf[u] = ld_global_u16_if(sfa_base + (row * (kh // 8) + col * 2), ok)
-        wrap = Int32(seg + 1 == segs)
-        seg, row = seg + 1 - wrap * segs, row + wrap
+        seg, row = _next_segment(seg, row, segs)
     return row, seg
+
+
+def _next_segment(seg, row, segs):
+    """(segment, row) after segment `seg` of row `row`: a warp runs on from a row's last segment into
+    the next row's first."""
+    wrap = Int32(seg + 1 == segs)
+    return seg + 1 - wrap * segs, row + wrap
 
 
 def make_tiled_kernel(cfg: TiledConfig, decode: str):
@@ -349,8 +363,10 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
         smem = smem_allocator()
         b_addr = smem.allocate_array(Int32, TILED_B_WORDS * max_chunks, byte_alignment=16).toint()
         s_addr = smem.allocate_array(Float32, 2 * max_chunks, byte_alignment=16).toint()
-        table, table_addr = None, lut_table_smem(smem)
-        table_in_registers = cfg.lut_registers and decode == "lut"
+        table = None
+        table_in_registers = cfg.lut_registers and decode == "lut" and cfg.compute
+        if cutlass.const_expr(table_in_registers):  # the table's shared memory only where it is used
+            table_addr = lut_table_smem(smem)
         if cutlass.const_expr(cfg.compute):
             if cutlass.const_expr(table_in_registers):
                 if tidx < 32:
@@ -396,8 +412,7 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                     if lane == 0 and row < RW:
                         c[m0 + row, 0, batch] = total.to(Float16)
                     acc = Float32(0.0)
-                wrap = Int32(seg + 1 == segs)
-                seg, row = seg + 1 - wrap * segs, row + wrap
+                seg, row = _next_segment(seg, row, segs)
 
     return kernel
 
@@ -605,13 +620,13 @@ def launch_arguments(pointers, kh: int, m: int, l: int, tvm_ffi: bool) -> tuple:
     return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
 
 
-def stream_argument(handle: int, tvm_ffi: bool):
-    """The CUDA stream as a compiled kernel takes it: the raw handle through TVM-FFI, else a CUstream."""
-    if tvm_ffi:
-        return handle
+@functools.cache
+def cu_stream():
+    """The driver's CUstream type: the CUDA stream as the DSL's plain call path takes it, ``cu_stream()(handle)``
+    (through TVM-FFI a kernel takes the raw handle). Imported once, not on every call."""
     from cuda.bindings.driver import CUstream
 
-    return CUstream(handle)
+    return CUstream
 
 
 def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
@@ -658,6 +673,7 @@ class CuteGemv:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
         self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs} if caps.cuda else {}
+        self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream type
         self._prepared = TupleCache(cache_entries)
 
     def config_for(self, k: int) -> FastConfig | TiledConfig:
@@ -689,7 +705,7 @@ class CuteGemv:
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device, c = self._prepare(data)  # c is data's own: the cache keys on every tensor
         handle = current_stream_handle(device) if stream is None else stream.cuda_stream
-        fn(*args, handle if self.tvm_ffi else stream_argument(handle, False))
+        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
         return c
 
 
