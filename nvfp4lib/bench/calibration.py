@@ -12,13 +12,13 @@ import argparse
 import sys
 from typing import Callable
 
+from nvfp4lib.bench.harness import check_bound, measure
 from nvfp4lib.bench.timing import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, StoppingRule, geomean
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
+from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, save_table, shape_class
 from nvfp4lib.locations import DISPATCH_TABLE
 from nvfp4lib.messages import first_line
-from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, save_table, shape_class
-from nvfp4lib.bench.harness import check_bound, measure
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 

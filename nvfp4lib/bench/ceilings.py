@@ -21,11 +21,11 @@ from typing import Callable, Iterable, NamedTuple
 
 import torch
 
+from nvfp4lib.bench import triton_gemv
+from nvfp4lib.bench.harness import measure, timing_fields
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
                                    gbps, text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
-from nvfp4lib.bench import triton_gemv
-from nvfp4lib.bench.harness import measure, timing_fields
 from nvfp4lib.device import NO_CUDA, capabilities, missing
 from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import bytes_moved

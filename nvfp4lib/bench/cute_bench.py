@@ -24,12 +24,12 @@ import argparse
 import dataclasses
 import sys
 
-from nvfp4lib.bench.timing import FLUSHES, cell_text
-from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.harness import check_once, measure, timing_fields
+from nvfp4lib.bench.report import context_fields, write_csv
+from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
 from nvfp4lib.device import capabilities, missing
-from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of nvfp4lib.cute.gemv.default_config

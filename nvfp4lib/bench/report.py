@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, percent, text_table, time_column
 from nvfp4lib.bench.ceilings import best_reads, percent_of_read, read_rows
+from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, percent, text_table, time_column
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit

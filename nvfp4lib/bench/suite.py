@@ -31,18 +31,18 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib.bench.timing import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
+from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.harness import check_bound, measure, timing_fields
+from nvfp4lib.bench.peers import all_paths
+from nvfp4lib.bench.plots import declare_mode
 from nvfp4lib.bench.report import (BENCH_DIR, CPU_NOTE, context_fields, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
-from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.timing import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
 from nvfp4lib.contract import Shape, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
-from nvfp4lib.bench.harness import check_bound, measure, timing_fields
 from nvfp4lib.messages import describe_error, first_line
 from nvfp4lib.paths import GemvPath
-from nvfp4lib.bench.peers import all_paths
-from nvfp4lib.bench.plots import declare_mode
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 

@@ -21,9 +21,9 @@ a kernel calls them while it is traced, so they emit their instructions inline; 
 
 from __future__ import annotations
 
+from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, ld_shared_v2,
                                prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
-from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 
 
 def decode_factor(decode: str):

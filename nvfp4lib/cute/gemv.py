@@ -47,8 +47,8 @@ from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_
 from nvfp4lib.cute.decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
                                   decode_word_hw, lut_table, lut_table_smem, store_lut_table)
 from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
-                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if,
-                               ld_shared_v2, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
+                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
+                               ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
