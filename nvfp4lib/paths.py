@@ -96,8 +96,10 @@ def standalone_path(name: str) -> tuple[str, Callable, bool]:
     run on this machine. An exported file inlines this function and what it uses (not `PATHS`,
     whose other builders would pull every path into the file); the names and reasons are the
     registry's. cuBLAS reads block scales as unsigned, so the hardware FP4 GEMM takes no signed ones."""
+    if name not in STANDALONE:
+        raise RuntimeError(f"{name!r} is not a path an exported file can run; expected one of {', '.join(STANDALONE)}")
     caps = capabilities()
-    if name.startswith("cute_") and name in STANDALONE:
+    if name.startswith("cute_"):
         why_not = cute_unavailable(caps, caps.cuda)
         if why_not is not None:
             raise RuntimeError(why_not)
@@ -105,8 +107,6 @@ def standalone_path(name: str) -> tuple[str, Callable, bool]:
         runner = _cute(variant)
         call = "TVM-FFI call" if runner.tvm_ffi else "plain call path, no apache-tvm-ffi"
         return f"CuTe DSL {variant!r} kernel for {caps.cute_arch} ({call})", runner, True
-    if name != "scaled_mm_permuted":
-        raise RuntimeError(f"{name!r} is not a path an exported file can run; expected one of {', '.join(STANDALONE)}")
     how = describe_backend("cuda" if caps.cuda else "cpu")
     return f"torch._scaled_mm on the permuted scales: {how}", gemv_scaled_mm_permuted, how != HARDWARE_BACKEND
 
