@@ -11,9 +11,10 @@ import torch
 
 from nvfp4lib.bench import timing
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, MEASURES, BenchRow, RANKED_RULE,
-                                   RANKED_WARMUP_RULE, StoppingRule, Timing, copy_bandwidth_gbps, flush_l2, format_table,
-                                   gbps, leaderboard_time, per_call_us, percent, reduction_bandwidth_gbps, summarize,
-                                   time_column, time_host_visible, time_kernel, time_one_call)
+                                   RANKED_WARMUP_RULE, StoppingRule, Timing, copy_bandwidth_gbps, flush_l2,
+                                   format_table, gbps, leaderboard_time, per_call_us, percent,
+                                   reduction_bandwidth_gbps, summarize, time_column, time_host_visible, time_kernel,
+                                   time_one_call)
 
 
 def test_one_flush_vocabulary_from_the_timers_to_the_results(monkeypatch):

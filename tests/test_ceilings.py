@@ -234,7 +234,8 @@ def test_the_floor_comes_apart_into_streaming_fixed_cost_and_write_back():
     """Bytes at the large read's bandwidth, the clean read beyond that, the usual read beyond the clean one."""
     shape = Shape(1024, 2048, 2)
     nbytes = bytes_moved(shape)
-    rows = [_sized_read("read-torch", None, 10**9, 500.0), _sized_read("read-cute", None, 10**9, 250.0),  # 4000 GB/s, the fastest
+    rows = [_sized_read("read-torch", None, 10**9, 500.0),
+            _sized_read("read-cute", None, 10**9, 250.0),  # 4000 GB/s, the fastest large read
             _sized_read("read-cute", shape, nbytes, 9.0), _sized_read("read-cute-clean", shape, nbytes, 7.0),
             _sized_read("read-torch", shape, nbytes, 12.0), _sized_read("read-torch-clean", shape, nbytes, 6.5),
             dict(_sized_read("read-triton", None, 10**9, 1.0), status="skipped")]

@@ -141,7 +141,8 @@ def _timed(rows: list[dict]) -> list[dict]:
 
 def benchmark_rows(rows: list[dict], path: str) -> dict[Shape, dict]:
     """{shape: row} of path `path` at the benchmark shapes, where it ran (checked: ok or inexact)."""
-    return {Shape(r["m"], r["k"], r["l"]): r for r in _timed(rows) if r["path"] == path and r["shape_set"] == "benchmark"}
+    return {Shape(r["m"], r["k"], r["l"]): r for r in _timed(rows)
+            if r["path"] == path and r["shape_set"] == "benchmark"}
 
 
 def measures_in(rows: list[dict]) -> list[str]:

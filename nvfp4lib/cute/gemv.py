@@ -79,8 +79,9 @@ class FastConfig:
             raise ValueError(f"FastConfig: expected rows_per_warp, warps_per_block, unroll and blocks_per_sm >= 1 and "
                              f"prefetch >= 0, got {self}")
         if MAX_ROWS_PER_BLOCK % self.rows_per_block or self.rows_per_warp > 32:
-            raise ValueError(f"rows_per_warp x warps_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} with at most "
-                             f"32 rows per warp (a lane writes each), got {self.rows_per_warp} x {self.warps_per_block}")
+            raise ValueError(f"rows_per_warp x warps_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} with at "
+                             f"most 32 rows per warp (a lane writes each), got {self.rows_per_warp} x "
+                             f"{self.warps_per_block}")
 
     @property
     def rows_per_block(self) -> int:
