@@ -70,7 +70,7 @@ bench-cute: $(SETUP) ## check the CuTe kernels, then time them at the benchmark 
 	$(PY) -m nvfp4lib.bench.cute_bench
 
 calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> build/dispatch_table.json (skips without a GPU)
-	$(PY) tools/calibrate.py
+	$(PY) -m nvfp4lib.bench.calibration
 
 # ---- submission: the leaderboard submission file ---------------------------------------
 SUBMISSION ?= hybrid
@@ -83,7 +83,7 @@ submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bi
 SANITIZE_ARGS ?=
 .PHONY: sanitize
 sanitize: $(SETUP) ## compute-sanitizer memcheck + racecheck of the CuTe kernels (GPU; says why and skips elsewhere)
-	$(PY) tools/sanitize.py $(SANITIZE_ARGS)
+	$(PY) -m nvfp4lib.bench.sanitize $(SANITIZE_ARGS)
 
 # ---- blackwell-check: what only a B200 can check ----------------------------------------
 .PHONY: blackwell-check

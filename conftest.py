@@ -1,30 +1,23 @@
 """Turn the hardware markers into skips that say why (markers are declared in pyproject.toml).
 
 A test marked `gpu`, `sm100` or `cute` is skipped, with the reason shown by `-ra`, when this machine
-cannot run it; the probe is nvfp4lib.device.capabilities(), so there is one notion of what a machine can do.
+cannot run it; the reason is nvfp4lib.device.missing's, so there is one notion of what a machine can do.
 Also one shared fixture, `clean_dispatch`: the dispatcher as a fresh process finds it.
 """
 
 import pytest
 
 
-def _missing(caps):
-    """Reason to skip, per marker, on this machine (None: the marker's need is met)."""
-    return {
-        "gpu": None if caps.cuda else "needs a CUDA GPU",
-        "sm100": None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
-                                             f"this machine: {caps.summary()}"),
-        "cute": None if caps.cute_dsl else "needs the CuTe DSL: pip install -e '.[cute]'",
-    }
+MARKER_NEEDS = {"gpu": "cuda", "sm100": "fp4_gemm", "cute": "cute_dsl"}  # marker -> a need of device.NEEDS
 
 
 def pytest_collection_modifyitems(config, items):
-    marked = [item for item in items if any(item.get_closest_marker(m) for m in ("gpu", "sm100", "cute"))]
+    marked = [item for item in items if any(item.get_closest_marker(m) for m in MARKER_NEEDS)]
     if not marked:
         return
-    from nvfp4lib.device import capabilities
+    from nvfp4lib.device import capabilities, missing
 
-    reasons = _missing(capabilities())
+    reasons = {marker: missing(capabilities(), need) for marker, need in MARKER_NEEDS.items()}
     for item in marked:
         reason = next((r for m, r in reasons.items() if r and item.get_closest_marker(m)), None)
         if reason:

@@ -1,6 +1,17 @@
-"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors."""
+"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors,
+and the keys that say when a set of tensors is the same: `memory_key` (the memory they are, what a
+CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)."""
 
 from __future__ import annotations
+
+
+def memory_key(data) -> tuple:
+    """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes.
+
+    Not the tensor objects (a replayed CUDA graph reads the memory, whichever tensor now holds it)
+    and not their values or version counters (c is written by every call).
+    """
+    return tuple([(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
 
 class TupleCache:
@@ -24,8 +35,8 @@ class TupleCache:
 
     @staticmethod
     def key(data) -> tuple:
-        """Per tensor: (id, data address, shape, strides, dtype, device, requires_grad)."""
-        return tuple([(id(t), t.data_ptr(), t.shape, t.stride(), t.dtype, t.device, t.requires_grad) for t in data])
+        """The tensors' ids, their `memory_key` and whether they require grad (a validated c may not)."""
+        return tuple(map(id, data)), memory_key(data), tuple(t.requires_grad for t in data)
 
     def get(self, data, make):
         """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""

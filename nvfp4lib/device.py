@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nvfp4lib.messages import describe_error
 from nvfp4lib.version import __version__  # the package's, for environment_report
 
 
@@ -55,8 +56,7 @@ def _probe_fp4_gemm() -> str | None:
         torch.cuda.synchronize()
         return None
     except Exception as err:  # noqa: BLE001 - any failure means "not usable here"; the reason is kept
-        first_line = (str(err).strip().splitlines() or [""])[0]
-        return f"the FP4 torch._scaled_mm probe raised {type(err).__name__}: {first_line}"
+        return f"the FP4 torch._scaled_mm probe raised {describe_error(err, 400)}"
 
 
 def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
@@ -112,6 +112,31 @@ def capabilities() -> Capabilities:
         cute_arch=_cute_arch(sm),
         fp4_gemm_reason=fp4_reason,
     )
+
+
+NO_CUDA = "needs a CUDA GPU"
+NEEDS = {
+    "cuda": lambda caps: None if caps.cuda else NO_CUDA,
+    "cute_dsl": lambda caps: None if caps.cute_dsl else (f"needs the CuTe DSL (nvidia-cutlass-dsl "
+                                                         f"{'.'.join(map(str, MIN_CUTE_DSL[:2]))} or newer): "
+                                                         "pip install -e '.[cute]'"),
+    "fp4_gemm": lambda caps: None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
+                                                         f"this machine: {caps.summary()}"),
+}
+"""What a piece of code can need of a machine -> why `Capabilities` say it is missing (None: present)."""
+
+
+def missing(caps: Capabilities, *needs: str) -> str | None:
+    """Why a machine with `caps` cannot run what needs all of `needs` (keys of NEEDS): the reason of
+    the first one missing, or None. The one answer to "why can't this run here": the paths, the
+    peers, the streaming reads and the test markers all ask it."""
+    for need in needs:
+        if need not in NEEDS:
+            raise ValueError(f"need: expected one of {tuple(NEEDS)}, got {need!r}")
+        reason = NEEDS[need](caps)
+        if reason is not None:
+            return reason
+    return None
 
 
 def _driver_version() -> str | None:

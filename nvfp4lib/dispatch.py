@@ -57,6 +57,7 @@ from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.fallback import first_working
 from nvfp4lib.layouts import check_scale_copies
+from nvfp4lib.locations import DISPATCH_TABLE
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name, cute_unavailable, fallback_paths
 
 PATH_ENV_VAR = "NVFP4_PATH"
@@ -169,15 +170,17 @@ class Dispatcher:
         self._table = new
         self.reset()
 
-    def save_table(self, path, tab: Table | None = None) -> Path:
+    def save_table(self, path=DISPATCH_TABLE, tab: Table | None = None) -> Path:
+        """Write the table (this dispatcher's, or `tab`) as JSON to `path`, its folder created if need be."""
         tab = tab if tab is not None else self._table
         if tab is None:
             raise ValueError("no table to save: run calibration.calibrate() or load_table() first")
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(tab.to_json() + "\n")
         return path
 
-    def load_table(self, path, *, any_device: bool = False) -> Table:
+    def load_table(self, path=DISPATCH_TABLE, *, any_device: bool = False) -> Table:
         """Read a table saved by `save_table` and use it. A table measured on another GPU model is
         refused unless ``any_device`` (its timings say nothing about this one)."""
         tab = Table.from_json(Path(path).read_text())

@@ -20,7 +20,6 @@ real call raises later does not change the choice: the error is the caller's to 
 from __future__ import annotations
 
 import logging
-import textwrap
 from typing import Callable, NamedTuple
 
 import torch
@@ -28,6 +27,7 @@ import torch
 from nvfp4lib.contract import GemvInput
 from nvfp4lib.device import capabilities
 from nvfp4lib.layouts import to_permuted
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
 
@@ -72,12 +72,6 @@ def self_check(kernel: Callable, device) -> str | None:
         if not result.ok:
             return f"wrong result at (m, k, l) = {shape}: {result.message.splitlines()[0]}"
     return None
-
-
-def _one_line(err: BaseException) -> str:
-    """The error's type and first line, at most 400 characters, cut between words."""
-    text = (str(err).strip().splitlines() or [""])[0]
-    return textwrap.shorten(f"{type(err).__name__}: {text}", width=400, placeholder=" ...")
 
 
 class PassedOver(NamedTuple):
@@ -133,12 +127,12 @@ def first_working(candidates, build: Callable[[str], Callable], device, *,
         try:
             kernel = build(name)
         except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
-            verdict = PassedOver(name, "build", _one_line(err))
+            verdict = PassedOver(name, "build", describe_error(err, 400))
         else:
             try:
                 problem = None if known else self_check(kernel, device)
             except Exception as err:  # noqa: BLE001 - a kernel that raises on a valid input fails its check
-                problem = _one_line(err)
+                problem = describe_error(err, 400)
             verdict = None if problem is None else PassedOver(name, "self-check", problem)
         if checked is not None:
             checked[name] = verdict

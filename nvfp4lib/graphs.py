@@ -9,7 +9,7 @@ A graph replays the exact kernels it recorded, with the exact pointers: it reads
 same memory every time. So a graph is valid for one layout of memory (the tensors' data addresses,
 shapes, strides, dtypes and devices); values changed in place are picked up, new tensors need a
 new capture.
-`GraphedGemv` keeps a few graphs keyed that way and captures again when the key changes. Building
+`GraphedGemv` keeps a few graphs keyed that way (`caches.memory_key`) and captures again when the key changes. Building
 the key costs a few microseconds of host time per call (seven tensors), part of its price.
 
 Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times
@@ -26,18 +26,10 @@ from typing import Callable
 
 import torch
 
+from nvfp4lib.caches import memory_key
 from nvfp4lib.contract import validate_gemv_input
 
 CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the function directly"
-
-
-def graph_key(data) -> tuple:
-    """What a captured graph depends on: every tensor's data address, shape, strides, dtype and device.
-
-    Not the tensor objects (a replay reads the memory, whichever tensor now holds it) and not
-    their version counters (a replay reads the values as they are; c is written by every call).
-    """
-    return tuple([(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
 
 class GraphedGemv:
@@ -60,7 +52,7 @@ class GraphedGemv:
         self.max_graphs = max_graphs
         self.captures = 0
         self.replays = 0
-        self._graphs: OrderedDict = OrderedDict()  # graph_key -> (CUDAGraph, output)
+        self._graphs: OrderedDict = OrderedDict()  # caches.memory_key -> (CUDAGraph, output)
         self._streams: dict = {}  # device -> side stream for warm-up and capture
 
     @property
@@ -72,7 +64,7 @@ class GraphedGemv:
     def __call__(self, data):
         try:
             on_cuda = data[0].is_cuda
-            key = graph_key(data) if on_cuda else None
+            key = memory_key(data) if on_cuda else None
         except (TypeError, AttributeError, IndexError, KeyError):
             validate_gemv_input(data)  # raises the NVFP4InputError that names what is wrong
             raise
@@ -92,7 +84,7 @@ class GraphedGemv:
         validate_gemv_input(data, check_storage=False)
         if not data[0].is_cuda:
             raise ValueError(f"data: CUDA graphs need tensors on a CUDA GPU, got {data[0].device}")
-        key = graph_key(data)
+        key = memory_key(data)
         self._graphs.pop(key, None)
         self._capture(data, key)
 

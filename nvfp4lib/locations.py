@@ -18,6 +18,7 @@ BUILD_DIR = REPO_ROOT / "build"
 RESULTS_DIR = REPO_ROOT / "results"  # committed results of full runs, one CSV per device
 COMMITTED_FIGURES_DIR = REPO_ROOT / "figures"  # figures of full GPU runs, listed in its INDEX.md
 BUILD_FIGURES_DIR = BUILD_DIR / "figures"       # figures of every other run
+DISPATCH_TABLE = BUILD_DIR / "dispatch_table.json"  # the dispatcher's table measured on this GPU (make calibrate)
 
 FIGURES_ENV_VAR = "NVFP4_FIGURES_DIR"
 COMMIT_ENV_VAR = "NVFP4_COMMIT"  # the commit to record where the tree is a copy without .git

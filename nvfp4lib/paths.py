@@ -1,15 +1,18 @@
-"""Every way to compute the GEMV, under one naming scheme: the package's paths and the peers.
+"""The package's ways to compute the GEMV, under one naming scheme, and the one fallback order.
 
-A path is one way to compute ``c`` from the leaderboard's 7-tuple. Every tool that names a path
-takes the names of `PATHS`: the dispatcher (``dispatch.force("cute_fast")``, ``NVFP4_PATH``),
-the benchmark suite (``--only``, the CSV), the CuTe benchmark, the exporter
-(``python -m nvfp4lib.leaderboard.export --path cute_fast``) and the calibration table. Names are
-lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
+A path is one way to compute ``c`` from the leaderboard's 7-tuple. `PATHS` holds the package's
+own: the CuTe kernels, the torch._scaled_mm variants and the exact reference. They are what the
+dispatcher can run (``dispatch.force("cute_fast")``, ``NVFP4_PATH``), what the calibration table
+records and what the exporter writes (``python -m nvfp4lib.leaderboard.export --path cute_fast``).
+The peers a benchmark measures them against (eager PyTorch, torch.compile, bf16 weights, Triton)
+are registered in the bench wing, under the same scheme (``nvfp4lib.bench.peers.all_paths``).
+Names are lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
 ``triton_``).
 
 `FALLBACK_ORDER` is the one "best path for this machine" policy: the dispatcher runs its first
 path that can run here (a table measured on a Blackwell GPU may pick another per shape), and
-the exported ``hybrid`` file tries the same paths in the same order.
+the exported ``hybrid`` file tries the same paths in the same order, each built by its own builder
+(`nvfp4lib.fallback.first_working` chooses for both).
 """
 
 from __future__ import annotations
@@ -18,13 +21,12 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from nvfp4lib import scaled_mm
-from nvfp4lib.bench import peers
-from nvfp4lib.bench import triton_gemv
 from nvfp4lib.contract import first_tensor
-from nvfp4lib.device import Capabilities
+from nvfp4lib.device import Capabilities, missing
 from nvfp4lib.graphs import GraphedGemv
 from nvfp4lib.reference import reference_gemv
+from nvfp4lib.scaled_mm import (functional_unavailable_reason, gemv_scaled_mm_functional, gemv_scaled_mm_permuted,
+                                gemv_scaled_mm_reference, gemv_scaled_mm_transposed)
 from nvfp4lib.streams import run_batches, shared_pool
 
 SCALED_MM_POOL_STREAMS = 4  # streams of "scaled_mm_streams"
@@ -39,9 +41,7 @@ def cute_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
     """Why the CuTe kernels cannot run on these inputs here (None: they can)."""
     if not on_cuda or not caps.cuda:
         return "the CuTe kernel needs the inputs on a CUDA GPU"
-    if not caps.cute_dsl:
-        return "the CuTe DSL is not installed (pip install -e '.[cute]')"
-    return None
+    return missing(caps, "cute_dsl")
 
 
 def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
@@ -50,15 +50,7 @@ def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
 
 
 def functional_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
-    return scaled_mm.functional_unavailable_reason()
-
-
-def triton_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
-    return triton_gemv.why_unavailable() or (None if on_cuda else "Triton kernels need the inputs on a CUDA GPU")
-
-
-def dot_scaled_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
-    return triton_gemv.dot_scaled_unavailable() or (None if on_cuda else "Triton kernels need the inputs on a CUDA GPU")
+    return functional_unavailable_reason()
 
 
 def fp4_gemm_emulated(caps: Capabilities) -> str | None:
@@ -80,8 +72,6 @@ def _cute(variant: str) -> Callable:
 
 def _scaled_mm_permuted() -> Callable:
     """A named builder (not a lambda): the exported files inline it, as they inline `_cute`."""
-    from nvfp4lib.scaled_mm import gemv_scaled_mm_permuted
-
     return gemv_scaled_mm_permuted
 
 
@@ -95,8 +85,8 @@ def _reference_into_c(data):
 
 def _scaled_mm_streams() -> Callable:
     def run(data):
-        return run_batches(scaled_mm.gemv_scaled_mm_permuted, data,
-                           shared_pool(first_tensor(data).device, SCALED_MM_POOL_STREAMS))
+        return run_batches(gemv_scaled_mm_permuted, data, shared_pool(first_tensor(data).device,
+                                                                      SCALED_MM_POOL_STREAMS))
 
     return run
 
@@ -110,12 +100,12 @@ class GemvPath:
     summary: str  # one line: what it does
     build: Callable[[], Callable]  # called once per process: may compile kernels, make streams
     unavailable: Callable[[Capabilities, bool], str | None] = runs_anywhere  # why not here, or None
-    kind: str = "nvfp4lib"  # "nvfp4lib" (ours), "peer" (what a user would run instead), "yardstick"
+    kind: str = "nvfp4lib"  # "nvfp4lib" (ours), "yardstick", or "peer" (what a user would run instead)
     exportable: bool = False  # `python -m nvfp4lib.leaderboard.export --path NAME` writes it as one file
     emulated: Callable[[Capabilities], str | None] | None = None  # says when it runs as an emulation here
     describe: Callable | None = None  # data -> a note for the benchmark's CSV (e.g. a fallback taken)
     timed_call: Callable | None = None  # data -> the zero-argument call a benchmark times, after untimed
-    # preparation a user would do once (None: the built callable on data, prepared by nothing)
+    # preparation a user would do once (None: the built callable on data, prepared by nothing; peers use it)
 
     def why_not_timed(self, caps: Capabilities, on_cuda: bool) -> str | None:
         """Why a benchmark leaves this path out here: it cannot run, or it would time an emulation."""
@@ -130,7 +120,7 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
     GemvPath("cute_fast_graph", "CuTe fast, graph", "the CuTe fast kernel replayed from a CUDA graph "
              "(captured per set of tensors)", lambda: GraphedGemv(_cute("fast")), cute_unavailable),
     GemvPath("scaled_mm_reference", "_scaled_mm reference", "torch._scaled_mm per batch, as the leaderboard's "
-             "reference: plain scales converted every call", lambda: scaled_mm.gemv_scaled_mm_reference,
+             "reference: plain scales converted every call", lambda: gemv_scaled_mm_reference,
              exportable=True, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_permuted", "_scaled_mm permuted", "torch._scaled_mm per batch on views of the permuted "
              "scales, which already are the blocked buffers (cuBLAS FP4 GEMM on Blackwell, elsewhere its "
@@ -138,35 +128,20 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
              emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_transposed", "_scaled_mm transposed", "torch._scaled_mm as B @ A.T, scales converted "
              f"for all batches at once, batches on {TRANSPOSED_STREAMS} CUDA streams",
-             lambda: functools.partial(scaled_mm.gemv_scaled_mm_transposed, streams=TRANSPOSED_STREAMS),
+             lambda: functools.partial(gemv_scaled_mm_transposed, streams=TRANSPOSED_STREAMS),
              exportable=True, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_functional", "_scaled_mm functional", "the permuted path through the public "
-             "torch.nn.functional.scaled_mm, recipe named", lambda: scaled_mm.gemv_scaled_mm_functional,
+             "torch.nn.functional.scaled_mm, recipe named", lambda: gemv_scaled_mm_functional,
              functional_unavailable, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_streams", "_scaled_mm permuted, streams", f"the permuted path with batches spread over "
              f"{SCALED_MM_POOL_STREAMS} CUDA streams", _scaled_mm_streams, emulated=fp4_gemm_emulated),
     GemvPath("scaled_mm_graph", "_scaled_mm permuted, graph", "the permuted path replayed from a CUDA graph "
-             "(captured per set of tensors)", lambda: GraphedGemv(scaled_mm.gemv_scaled_mm_permuted),
+             "(captured per set of tensors)", lambda: GraphedGemv(gemv_scaled_mm_permuted),
              emulated=fp4_gemm_emulated),
     GemvPath("reference", "exact reference", "the exact integer reference, rounded to fp16 (slow)",
              lambda: _reference_into_c, kind="yardstick"),
-    GemvPath("peer_eager", "eager dequant + matmul", "eager PyTorch: dequantize to float32, one matmul per batch",
-             lambda: peers.eager_dequant_matmul, kind="peer"),
-    GemvPath("peer_compiled", "torch.compile dequant-reduce", "torch.compile of dequantize-and-reduce, "
-             "fused into one pass over A", lambda: peers.compiled_dequant_reduce, kind="peer",
-             describe=lambda data: peers.compile_note or ""),
-    GemvPath("peer_bf16", "cuBLAS bf16 GEMV", "cuBLAS bf16 GEMV on weights dequantized ahead of time "
-             "(4x the bytes; benchmarks dequantize once, untimed)", lambda: peers.bf16_gemv_dequantizing,
-             kind="peer", timed_call=lambda data: functools.partial(peers.bf16_gemv, peers.prepare_bf16_weights(data),
-                                                                    data)),
-    GemvPath("triton_nvfp4", "Triton NVFP4 GEMV", "Triton: packed bytes, table-lookup decode, fp32 accumulation, "
-             "autotuned", lambda: triton_gemv.TritonGemv("table"), triton_unavailable, kind="peer"),
-    GemvPath("triton_nvfp4_bits", "Triton NVFP4 GEMV, bit decode", "the Triton GEMV with the codes decoded by bit "
-             "operations instead of a table", lambda: triton_gemv.TritonGemv("bits"), triton_unavailable, kind="peer"),
-    GemvPath("triton_dot_scaled", "Triton tl.dot_scaled", "Triton's block-scaled tl.dot_scaled with e2m1 "
-             "operands (Blackwell)", lambda: triton_gemv.TritonDotScaledGemv(), dot_scaled_unavailable,
-             kind="peer"),
 )}
+"""The package's paths, by name (the peers are in nvfp4lib.bench.peers)."""
 
 FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
 """The paths in the order they are tried where nothing is forced or measured: the dispatcher and the

@@ -15,6 +15,8 @@ import torch
 from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError, require_tensor, validate_gemv_input
 from nvfp4lib.formats import E2M1_VALUES, E4M3_MAX, byte_values, decode_e4m3, fp4_bytes
 
+TOLERANCE = 1e-3
+"""The leaderboard's rtol and atol: an element matches within TOLERANCE * (1 + |expected|)."""
 _CHUNK_ELEMENTS = 1 << 24  # A elements per chunk: bounds the temporaries at about 100 MB
 E2M1_UNIT = 2.0 ** -1  # every E2M1 value is an integer multiple of this
 E4M3_UNIT = 2.0 ** -9  # every finite E4M3 value (subnormals included) is an integer multiple of this
@@ -86,7 +88,8 @@ class CheckResult:
         return self.ok
 
 
-def check(output: torch.Tensor, data, rtol: float = 1e-3, atol: float = 1e-3, *, max_listed: int = 5) -> CheckResult:
+def check(output: torch.Tensor, data, rtol: float = TOLERANCE, atol: float = TOLERANCE, *,
+          max_listed: int = 5) -> CheckResult:
     """Compare a GEMV output with the reference as the leaderboard's checker does.
 
     An element matches when it is within atol + rtol * |expected|, or when both are NaN, or both
@@ -120,12 +123,6 @@ def check(output: torch.Tensor, data, rtol: float = 1e-3, atol: float = 1e-3, *,
         shown = "NaN (unwritten?)" if g != g else f"{g:.6g}"
         lines.append(f"  (m={m}, l={l}): got {shown} vs expected {e:.6g}")
     return CheckResult(False, "\n".join(lines), max_abs_err, n_bad)
-
-
-def assert_gemv_close(output: torch.Tensor, data, rtol: float = 1e-3, atol: float = 1e-3) -> None:
-    result = check(output, data, rtol, atol)
-    if not result.ok:
-        raise AssertionError(result.message)
 
 
 def poison_(c: torch.Tensor) -> torch.Tensor:

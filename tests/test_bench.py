@@ -9,10 +9,41 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib.bench import timing as bench
-from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, BenchRow, RANKED_RULE, RANKED_WARMUP_RULE,
-                            StoppingRule, Timing, copy_bandwidth_gbps, flush_l2, format_table, gbps, leaderboard_time,
-                            percent, reduction_bandwidth_gbps, summarize, time_host_visible, time_kernel, time_one_call)
+from nvfp4lib.bench import timing
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, MEASURES, BenchRow, RANKED_RULE,
+                                   RANKED_WARMUP_RULE, StoppingRule, Timing, copy_bandwidth_gbps, flush_l2,
+                                   format_table, gbps, leaderboard_time, per_call_us, percent,
+                                   reduction_bandwidth_gbps, summarize, time_column, time_host_visible, time_kernel,
+                                   time_one_call)
+
+
+def test_one_flush_vocabulary_from_the_timers_to_the_results(monkeypatch):
+    """`harness.measure` takes the results' words: "dirty" gives each timer its own flush, "clean" all a clean one."""
+    from nvfp4lib.bench import harness
+
+    calls = []
+    monkeypatch.setattr(harness, "time_kernel", lambda fn, **kw: calls.append(("kernel", kw["flush"])))
+    monkeypatch.setattr(harness, "time_host_visible", lambda fn, **kw: calls.append(("host-visible", kw["flush"])))
+    monkeypatch.setattr(harness, "leaderboard_time", lambda fn, rule, **kw: calls.append(("leaderboard", kw["flush"])))
+    harness.measure(lambda: None)
+    harness.measure(lambda: None, flush="clean")
+    assert calls == [("kernel", "dirty"), ("leaderboard", "leaderboard"), ("host-visible", "dirty"),
+                     ("kernel", "clean"), ("leaderboard", "clean"), ("host-visible", "clean")]
+    assert set(timing.FLUSHES) < set(timing.FLUSH_MODES)
+    with pytest.raises(ValueError, match="flush: expected one of"):
+        harness.measure(lambda: None, flush="write")
+
+
+def test_each_measure_reports_its_statistic_in_its_column():
+    """One rule: leaderboard time is the mean (the leaderboard's figure), the teaching measures the median."""
+    timed = summarize("kernel", [1.0, 2.0, 9.0])
+    assert per_call_us(timed, "leaderboard") == timed.mean_us == 4.0
+    assert per_call_us(timed, "kernel") == per_call_us(timed, "host-visible") == timed.median_us == 2.0
+    assert [time_column(m) for m in MEASURES] == ["kernel_us", "leaderboard_us", "host_visible_us"]
+    assert time_column("host-visible", "p10_us") == "host_visible_p10_us"
+    for bad in (lambda: time_column("wall"), lambda: per_call_us(timed, "mean")):
+        with pytest.raises(ValueError, match="measure: expected one of"):
+            bad()
 
 @pytest.fixture
 def no_cuda(monkeypatch):
@@ -80,10 +111,10 @@ def test_format_table_without_host_column():
 
 
 def test_flush_l2_is_noop_without_cuda(no_cuda, monkeypatch):
-    monkeypatch.setattr(bench, "_flush_buffers", {})
+    monkeypatch.setattr(timing, "_flush_buffers", {})
     assert flush_l2() is None
     assert flush_l2("cpu") is None
-    assert bench._flush_buffers == {}
+    assert timing._flush_buffers == {}
 
 
 def test_bandwidth_probes_on_cpu():
@@ -114,15 +145,15 @@ def test_kernel_time_of_known_copy_is_plausible():
 def test_flush_buffer_allocated_once():
     flush_l2()
     index = torch.cuda.current_device()
-    buf = bench._flush_buffers[index]
+    buf = timing._flush_buffers[index]
     l2 = torch.cuda.get_device_properties(index).L2_cache_size
-    assert buf.numel() == (2 * l2 if l2 > 0 else bench.FLUSH_FALLBACK_BYTES)
+    assert buf.numel() == (2 * l2 if l2 > 0 else timing.FLUSH_FALLBACK_BYTES)
     torch.cuda.synchronize()
     allocated = torch.cuda.memory_allocated()
     for _ in range(5):
         flush_l2()
     torch.cuda.synchronize()
-    assert bench._flush_buffers[index] is buf
+    assert timing._flush_buffers[index] is buf
     assert torch.cuda.memory_allocated() == allocated
 
 
@@ -253,7 +284,7 @@ class _FakeCuda:
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.log.append("synchronize"))
         monkeypatch.setattr(torch.cuda, "Event", Event)
-        monkeypatch.setattr(bench, "flush_l2", lambda device=None, mode="write": self.log.append(f"flush {mode}"))
+        monkeypatch.setattr(timing, "flush_l2", lambda device=None, mode="dirty": self.log.append(f"flush {mode}"))
 
     def call(self):
         self.log.append("call")
@@ -275,15 +306,15 @@ def test_host_visible_time_synchronizes_after_its_flush(monkeypatch):
     cuda = _FakeCuda(monkeypatch)
     t = time_host_visible(cuda.call, warmup=0, reps=2)
     assert t.mode == "host-visible" and t.host_us is not None
-    timed = ["flush write", "synchronize", "record", "call", "record", "synchronize"]
-    assert cuda.log == ["flush write", "synchronize"] + 2 * timed  # the warm-up flush allocates, then the calls
+    timed = ["flush dirty", "synchronize", "record", "call", "record", "synchronize"]
+    assert cuda.log == ["flush dirty", "synchronize"] + 2 * timed  # the warm-up flush allocates, then the calls
 
 
 def test_kernel_time_never_synchronizes_between_calls(monkeypatch):
     cuda = _FakeCuda(monkeypatch)
     t = time_kernel(cuda.call, warmup=1, reps=3)
     assert t.mode == "kernel" and t.n == 3
-    assert cuda.log == ["call", "flush write", "synchronize"] + 3 * ["flush write", "record", "call", "record"] + [
+    assert cuda.log == ["call", "flush dirty", "synchronize"] + 3 * ["flush dirty", "record", "call", "record"] + [
         "synchronize"]
 
 
@@ -301,7 +332,7 @@ def test_leaderboard_flush_is_a_4_gib_float32_randn(monkeypatch):
 def test_bench_imports_only_the_standard_library_and_torch():
     """nvfp4lib.leaderboard.evaluate runs this module's source in a submission's process, where nvfp4lib (or
     anything else not on the leaderboard machine) cannot be imported: every import, at any depth."""
-    tree = ast.parse(Path(bench.__file__).read_text())
+    tree = ast.parse(Path(timing.__file__).read_text())
     names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
     names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
     tops = {name.partition(".")[0] for name in names}

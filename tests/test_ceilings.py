@@ -308,3 +308,28 @@ def test_xor_reads_compile_to_16_byte_loads_with_their_hints_for_hopper():
             loads = [line.split()[1] for line in ptx.splitlines() if "ld.global" in line]
             assert loads and set(loads) == {expected[hint]}, (hint, block, warps, loads[:3])
             assert len(loads) == block // (32 * warps * 4)
+def _sized_read(path: str, shape: Shape | None, nbytes: int, kernel_us: float) -> dict:
+    m, k, l = shape if shape is not None else (None, None, None)
+    return dict(path=path, kind="ceiling", shape_set="benchmark" if shape else "ceiling", m=m, k=k, l=l,
+                bytes=nbytes, status="ok", flush="clean" if path.endswith("-clean") else "dirty", kernel_us=kernel_us,
+                leaderboard_us=kernel_us + 1.0)
+
+
+def test_the_floor_comes_apart_into_streaming_fixed_cost_and_write_back():
+    """Bytes at the large read's bandwidth, the clean read beyond that, the usual read beyond the clean one."""
+    shape = Shape(1024, 2048, 2)
+    nbytes = bytes_moved(shape)
+    rows = [_sized_read("read-torch", None, 10**9, 500.0),
+            _sized_read("read-cute", None, 10**9, 250.0),  # 4000 GB/s, the fastest large read
+            _sized_read("read-cute", shape, nbytes, 9.0), _sized_read("read-cute-clean", shape, nbytes, 7.0),
+            _sized_read("read-torch", shape, nbytes, 12.0), _sized_read("read-torch-clean", shape, nbytes, 6.5),
+            dict(_sized_read("read-triton", None, 10**9, 1.0), status="skipped")]
+    assert ceilings.large_read(rows)["path"] == "read-cute"
+    (floor,) = ceilings.floors(rows)
+    assert floor.shape == shape and floor.dirty["path"] == "read-cute" and floor.clean["path"] == "read-torch-clean"
+    assert floor.streaming_us == pytest.approx(nbytes / 4000.0 / 1e3)
+    assert (floor.fixed_us, floor.writeback_us) == (pytest.approx(6.5 - floor.streaming_us), 2.5)
+    assert floor.streaming_us + floor.fixed_us + floor.writeback_us == pytest.approx(9.0)
+    table = ceilings.floor_table(rows)
+    assert "fixed cost of a call" in table and "9.00 (cute)" in table and "6.50 (torch)" in table
+    assert ceilings.floors(rows[2:]) == [] and "no shape was read" in ceilings.floor_table(rows[2:])

@@ -3,7 +3,10 @@ naming the argument; the named tuple the package hands around; and the contract 
 bottom layer, in an import graph without cycles or borrowed private names."""
 
 import ast
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -216,44 +219,66 @@ def test_c_with_memory_of_its_own_is_accepted(data):
 # ------------------------------------------------------------------------------ the import graph
 
 PACKAGE = "nvfp4lib"
-MODULE_FILES = {f"{PACKAGE}.{p.stem}": p for p in sorted(PACKAGE_DIR.glob("*.py")) if p.stem != "__init__"}
-MODULE_FILES[PACKAGE] = PACKAGE_DIR / "__init__.py"
+WINGS = tuple(f"{PACKAGE}.{wing}" for wing in ("bench", "leaderboard", "study"))
+
+
+def _module_name(path) -> str:
+    parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULE_FILES = {_module_name(p): p for p in sorted(PACKAGE_DIR.rglob("*.py"))}
+PACKAGES = {name for name, path in MODULE_FILES.items() if path.name == "__init__.py"}
+
+
+def _in_wing(module: str) -> bool:
+    return any(module == wing or module.startswith(wing + ".") for wing in WINGS)
+
+
+CORE = sorted(m for m in MODULE_FILES if not _in_wing(m))  # nvfp4lib/*.py and nvfp4lib/cute/
 
 
 def _is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+def _is_package_module(name: str) -> bool:
+    return name == PACKAGE or name.startswith(PACKAGE + ".")
+
+
 def _imports(module: str) -> list[tuple[str, str | None, int]]:
     """(nvfp4lib module imported, name taken from it or None, line) for every import of the package in
-    `module`, at the top level or inside functions. ``from nvfp4lib import x`` imports module nvfp4lib.x;
+    `module`, at the top level or inside functions. ``from nvfp4lib.x import y`` imports module
+    nvfp4lib.x.y where that is a module, else takes y from nvfp4lib.x; relative imports are resolved;
     ``importlib.import_module("nvfp4lib.x")`` counts too."""
     tree = ast.parse(MODULE_FILES[module].read_text(), filename=str(MODULE_FILES[module]))
+    here = module if module in PACKAGES else module.rpartition(".")[0]  # the package `module` is in
     found = []
     aliases = {}  # local name -> nvfp4lib module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
+                if _is_package_module(alias.name):
                     found.append((alias.name, None, node.lineno))
                     if alias.asname:
                         aliases[alias.asname] = alias.name
         elif isinstance(node, ast.ImportFrom):
             source = node.module or ""
-            if node.level:  # relative to the package (its modules are all at the top level)
-                source = PACKAGE + (f".{source}" if source else "")
-            if source != PACKAGE and not source.startswith(PACKAGE + "."):
+            if node.level:  # relative to the package this module is in
+                base = here.split(".")[:len(here.split(".")) - node.level + 1]
+                source = ".".join(base + ([source] if source else []))
+            if not _is_package_module(source):
                 continue
             for alias in node.names:
                 submodule = f"{source}.{alias.name}"
-                if source == PACKAGE and submodule in MODULE_FILES:
+                if submodule in MODULE_FILES:
                     found.append((submodule, None, node.lineno))
                     aliases[alias.asname or alias.name] = submodule
                 else:
                     found.append((source, alias.name, node.lineno))
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
               and node.func.attr == "import_module" and node.args and isinstance(node.args[0], ast.Constant)
-              and str(node.args[0].value).startswith(PACKAGE + ".")):
+              and _is_package_module(str(node.args[0].value))):
             found.append((node.args[0].value, None, node.lineno))
     for node in ast.walk(tree):  # names read off an imported module: `x._name`
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
@@ -265,11 +290,13 @@ IMPORTS = {module: _imports(module) for module in MODULE_FILES}
 
 
 def test_the_import_graph_sees_the_package():
-    assert len(MODULE_FILES) > 20 and f"{PACKAGE}.contract" in MODULE_FILES
+    assert len(MODULE_FILES) > 30 and {f"{PACKAGE}.contract", f"{PACKAGE}.cute.gemv"} <= set(MODULE_FILES)
+    assert set(WINGS) <= PACKAGES and f"{PACKAGE}.cute" in PACKAGES
     edges = {(m, target) for m, found in IMPORTS.items() for target, _, _ in found}
     assert (f"{PACKAGE}.dispatch", f"{PACKAGE}.paths") in edges
-    assert (f"{PACKAGE}.paths", f"{PACKAGE}.cute_gemv") in edges, "an import inside a function counts"
-    assert (f"{PACKAGE}.paths", f"{PACKAGE}.peers") in edges, "`from nvfp4lib import peers` counts"
+    assert (f"{PACKAGE}.paths", f"{PACKAGE}.cute.gemv") in edges, "an import inside a function counts"
+    assert (f"{PACKAGE}.bench.peers", f"{PACKAGE}.bench.triton_gemv") in edges, "`from nvfp4lib.bench import x` counts"
+    assert (f"{PACKAGE}.cute.decode", f"{PACKAGE}.cute.constants") in edges
 
 
 def test_every_imported_module_exists():
@@ -310,3 +337,29 @@ def test_no_module_takes_another_modules_private_names():
     borrowed = [f"{m}:{line} uses {target}.{name}" for m, found in IMPORTS.items() for target, name, line in found
                 if target != m and name is not None and _is_private(name)]
     assert not borrowed, "\n".join(borrowed)
+
+
+def test_the_core_imports_no_wing():
+    """nvfp4lib/*.py and nvfp4lib/cute/ never import bench, leaderboard or study: not at the top, not
+    inside a function, not by importlib.import_module."""
+    assert f"{PACKAGE}.dispatch" in CORE and f"{PACKAGE}.cute.gemv" in CORE and f"{PACKAGE}.bench.suite" not in CORE
+    crossing = [f"{m}:{line} imports {target}" for m in CORE for target, _, line in IMPORTS[m] if _in_wing(target)]
+    assert not crossing, "\n".join(crossing)
+
+
+def _loaded_by(module: str) -> list[str]:
+    """The nvfp4lib modules that importing `module` in a fresh interpreter loads."""
+    code = f"import sys, {module}; print(*sorted(m for m in sys.modules if m.startswith('{PACKAGE}')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE_DIR.parent, env=dict(os.environ, PYTHONPATH=str(PACKAGE_DIR.parent)))
+    return out.stdout.split()
+
+
+@pytest.mark.parametrize("module, forbidden", [(f"{PACKAGE}.dispatch", WINGS),
+                                               (f"{PACKAGE}.cute.gemv", (f"{PACKAGE}.study",))])
+def test_importing_the_entry_point_or_the_kernels_loads_no_wing(module, forbidden):
+    """The product entry point runs without the measuring, judging and teaching code; the kernels
+    never load their own verification models."""
+    loaded = _loaded_by(module)
+    assert module in loaded
+    assert not [m for m in loaded if any(m == w or m.startswith(w + ".") for w in forbidden)], loaded

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nvfp4lib import device
-from nvfp4lib.study import ptx as ptx_tools
+from nvfp4lib.study import ptx_reading
 from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
@@ -59,7 +59,7 @@ def test_fast_kernels_read_a_with_128_bit_loads(ptx, variant, target):
 @pytest.mark.parametrize("target", TARGETS)
 def test_tiled_kernel_keeps_decoded_b_in_shared_memory(ptx, target):
     """B decoded once per block: 128-bit shared stores, one barrier, then 128-bit shared loads per chunk."""
-    counts = ptx_tools.opcode_counts(ptx["tiled", target])
+    counts = ptx_reading.opcode_counts(ptx["tiled", target])
     assert counts["st.shared.v4.u32"] >= 4 and counts["ld.shared.v4.u32"] >= 4 * cute_gemv.TILED.chunks_per_step
     assert counts["bar.sync"] + counts["barrier.sync"] == 1, counts
 
@@ -76,7 +76,7 @@ def test_machine_code_has_no_spills_and_fits_the_grid(config, target):
     """ptxas's own accounting, read from the cubin: no local-memory frame (no spills), and few
     enough registers for blocks_per_sm blocks per SM, which the persistent grid assumes."""
     cfg = getattr(cute_gemv, config)
-    resources = ptx_tools.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
+    resources = ptx_reading.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
     assert resources["frame_bytes"] == 0, resources
     assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * cfg.blocks_per_sm), resources
 
@@ -89,7 +89,7 @@ def test_tiled_machine_code_has_no_spills_and_keeps_four_blocks_per_sm(target):
     """The tiled kernel's grid is a block per tile; at least 4 blocks of 8 warps must fit an SM by
     registers (65536 per SM) and by shared memory (B decoded for max_k, at most 48 KB per block)."""
     cfg = cute_gemv.TILED
-    resources = ptx_tools.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
+    resources = ptx_reading.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
     assert resources["frame_bytes"] == 0, resources
     assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * TILED_BLOCKS_PER_SM), resources
     smem = cfg.max_k // 32 * cute_gemv.TILED_SMEM_BYTES_PER_CHUNK
@@ -164,7 +164,7 @@ def test_every_ptx_op_is_a_dsl_user_op_that_a_kernel_emits(ptx):
            if callable(fn) and getattr(fn, "__module__", None) == cute_ptx.__name__ and hasattr(fn, "__wrapped__")}
     assert ops == set(OP_INSTRUCTIONS), "a new op of cute_ptx needs its line in OP_INSTRUCTIONS"
     for name, (variant, target, instruction) in OP_INSTRUCTIONS.items():
-        assert instruction in ptx_tools.opcode_counts(_ptx_of(ptx, variant, target)), (name, instruction)
+        assert instruction in ptx_reading.opcode_counts(_ptx_of(ptx, variant, target)), (name, instruction)
 
 
 def test_bitops_decode_compiles_for_hopper():
@@ -262,7 +262,7 @@ def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):
         cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL, tvm_ffi=True)
     pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)
     args = cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=False)
-    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.stream_argument(0, False))
+    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.cu_stream()(0))
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)).contents.value for p in marshalled[:5]] == list(pointers)
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int32)).contents.value for p in marshalled[5:8]] == [3584, 7168, 4]
     assert cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=True) == (*pointers, 3584, 7168, 4)

@@ -58,7 +58,7 @@ def test_time_all_rows(monkeypatch, tmp_path):
     loaded = bench_report.load_results(path)
     assert [r["path"] for r in loaded] == [r["path"] for r in reads + rows]
     with pytest.raises(ValueError, match="flush"):
-        cute_bench.time_all(kernels, SHAPES, flush="dirty", reads=reads, device="cpu")
+        cute_bench.time_all(kernels, SHAPES, flush="write", reads=reads, device="cpu")
 
 
 def test_kernel_names_follow_the_package_scheme():
@@ -79,6 +79,20 @@ def test_kernel_names_follow_the_package_scheme():
 def test_bad_tiled_configs_are_refused_naming_the_text(text, why):
     with pytest.raises(SystemExit, match=why):
         cute_bench.parse_config(text)
+
+
+@pytest.mark.parametrize("text, why", [("3x4x2", "a divisor of 128"), ("64x2x1", "at most 32 rows per warp"),
+                                        ("4x4x0", "blocks_per_sm >= 1"), ("4xAx2", "4xAx2")])
+def test_bad_fast_configs_are_refused_by_the_config_and_named_by_the_parser(text, why):
+    with pytest.raises(SystemExit, match=why):
+        cute_bench.parse_config(text)
+
+
+def test_a_fast_config_checks_its_own_range():
+    with pytest.raises(ValueError, match="a divisor of 128"):
+        FastConfig(rows_per_warp=3)
+    with pytest.raises(ValueError, match="prefetch >= 0"):
+        FastConfig(prefetch=-1)
 
 
 def _few_calls(measure):

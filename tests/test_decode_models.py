@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from nvfp4lib.study import decode_models as dm
 from nvfp4lib.contract import Shape
 from nvfp4lib.formats import E2M1_VALUES, byte_values
 from nvfp4lib.problem import generate_input
-from nvfp4lib.study.ptx import instructions
 from nvfp4lib.reference import check
+from nvfp4lib.study import decode_models as dm
+from nvfp4lib.study.ptx_reading import instructions, operands, registers
+from tests.ptx_pairing import expected_hw_pairing, hw_pairing_from_ptx
 
 DECODES = ("hw", "lut", "bitops")
 _rng = np.random.default_rng(20250)
@@ -190,6 +191,11 @@ def test_hardware_decode_halves_hold_consecutive_codes():
 # ------------------------------------------------------------------------- pairing in the PTX
 
 
+def test_operands_keep_vectors_and_addresses_whole():
+    assert operands("{%r1, %r2}, [%rd3+16], 0") == ["{%r1, %r2}", "[%rd3+16]", "0"]
+    assert operands("") == [] and registers("{%r1, %r2}") == ["%r1", "%r2"] and registers("%f3") == ["%f3"]
+
+
 @pytest.fixture(scope="module")
 def hw_ptx():
     cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
@@ -203,8 +209,8 @@ def hw_ptx():
 @pytest.mark.parametrize("tile", ["WIDE", "TALL"])
 def test_sm100_ptx_pairs_bytes_and_scales_as_the_model_does(hw_ptx, tile):
     ptx, cfg = hw_ptx[tile]
-    found = dm.hw_pairing_from_ptx(ptx, cfg.rows_per_warp, cfg.unroll)
-    assert found == dm.expected_hw_pairing(cfg.rows_per_warp, cfg.unroll)
+    found = hw_pairing_from_ptx(ptx, cfg.rows_per_warp, cfg.unroll)
+    assert found == expected_hw_pairing(cfg.rows_per_warp, cfg.unroll)
     assert len(found) == 2 * cfg.rows_per_warp * cfg.unroll  # every block of every row and step
 
 
@@ -215,8 +221,8 @@ def test_pairing_check_sees_a_swapped_operand(hw_ptx):
     first_b_cvt = ptx.index("cvt.rn.f16x2.e2m1x2", ptx.index("ld.global.nc.v4.u32"))
     broken = ptx[:first_b_cvt] + ptx[first_b_cvt:].replace(", b0;", ", b1;", 1)
     assert broken != ptx
-    assert dm.hw_pairing_from_ptx(broken, cfg.rows_per_warp, cfg.unroll) != \
-        dm.expected_hw_pairing(cfg.rows_per_warp, cfg.unroll)
+    assert hw_pairing_from_ptx(broken, cfg.rows_per_warp, cfg.unroll) != expected_hw_pairing(cfg.rows_per_warp,
+                                                                                              cfg.unroll)
 
 
 @pytest.mark.cute

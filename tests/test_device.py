@@ -2,11 +2,13 @@
 
 import dataclasses
 import importlib.util
+import inspect
 
 import pytest
 import torch
 
 import nvfp4lib
+from nvfp4lib import device
 from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, environment_report,
                              print_environment)
 
@@ -96,10 +98,26 @@ def test_fp4_probe_keeps_the_exception(monkeypatch):
 def test_sm100_skip_reason_shows_the_probe(monkeypatch):
     import conftest
 
+    need = conftest.MARKER_NEEDS["sm100"]
     caps = dataclasses.replace(capabilities(), fp4_gemm=False,
                                fp4_gemm_reason="the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS")
-    assert "(the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS)" in conftest._missing(caps)["sm100"]
-    assert conftest._missing(dataclasses.replace(caps, fp4_gemm=True, fp4_gemm_reason=None))["sm100"] is None
+    assert "(the FP4 torch._scaled_mm probe raised RuntimeError: CUBLAS)" in device.missing(caps, need)
+    assert device.missing(dataclasses.replace(caps, fp4_gemm=True, fp4_gemm_reason=None), need) is None
+
+
+def test_every_need_is_met_or_says_why():
+    """One answer to "why can't this run here": a reason per unmet need, the first one of several."""
+    none = dataclasses.replace(capabilities(), cuda=False, sm=None, fp4_gemm=False, cute_dsl=False,
+                               fp4_gemm_reason="no CUDA GPU")
+    every = dataclasses.replace(none, cuda=True, sm=(10, 0), fp4_gemm=True, cute_dsl=True, fp4_gemm_reason=None)
+    assert set(device.NEEDS) == {"cuda", "cute_dsl", "fp4_gemm"}
+    for need in device.NEEDS:
+        assert device.missing(every, need) is None
+        assert device.missing(none, need).startswith("needs ")
+    assert device.missing(none, "cuda", "cute_dsl") == device.NO_CUDA
+    assert device.missing(dataclasses.replace(none, cuda=True), "cuda", "cute_dsl").startswith("needs the CuTe DSL")
+    with pytest.raises(ValueError, match="need: expected one of"):
+        device.missing(every, "tensor cores")
 
 
 @pytest.mark.skipif(torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 10,
@@ -129,10 +147,22 @@ def test_blackwell_check_counts_all_skipped_as_a_failure():
 
 def test_calibrate_without_a_gpu_skips_and_says_why(monkeypatch, capsys):
     """`make calibrate` on a CPU: a one-line reason and exit 0, no minutes of emulated timing."""
-    from tools import calibrate
+    from nvfp4lib.bench import calibration
 
-    monkeypatch.setattr(calibrate, "capabilities",
+    monkeypatch.setattr(calibration, "capabilities",
                         lambda: dataclasses.replace(capabilities(), cuda=False, name="cpu", sm=None))
-    monkeypatch.setattr(calibrate.calibration, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
-    assert calibrate.main() == 0
+    monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: pytest.fail("calibrate ran without a GPU"))
+    assert calibration.main([]) == 0
     assert "calibrate: skipped" in capsys.readouterr().out
+
+
+def test_the_dispatch_table_has_one_path_and_save_table_makes_its_folder(tmp_path):
+    from nvfp4lib import dispatch
+    from nvfp4lib.locations import BUILD_DIR, DISPATCH_TABLE
+
+    assert DISPATCH_TABLE.parent == BUILD_DIR
+    assert inspect.signature(dispatch.save_table).parameters["path"].default == DISPATCH_TABLE
+    assert inspect.signature(dispatch.load_table).parameters["path"].default == DISPATCH_TABLE
+    table = dispatch.Table("NVIDIA B200", "10.0", {"L1-A2^20": {"path": "cute_fast", "mean_us": {}, "shapes": []}})
+    saved = dispatch.Dispatcher().save_table(tmp_path / "new" / "folder" / "table.json", table)
+    assert dispatch.Table.from_json(saved.read_text()) == table

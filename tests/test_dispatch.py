@@ -16,7 +16,8 @@ import torch
 
 from nvfp4lib import contract, dispatch, fallback, paths, scaled_mm
 from nvfp4lib.bench import calibration
-from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.bench.peers import all_paths
+from nvfp4lib.leaderboard import export
 from nvfp4lib.bench.timing import StoppingRule, summarize
 from nvfp4lib.contract import NAMES, NVFP4InputError, Shape
 from nvfp4lib.device import Capabilities, capabilities
@@ -85,14 +86,13 @@ def test_choice_is_made_once_per_shape(monkeypatch):
     assert len(made) == 2
 
 
-# Every path that runs on inputs in host memory here (torch.compile's peer is left to tests/test_peers.py: slow).
-CPU_PATHS = [name for name, path in paths.PATHS.items()
-             if path.unavailable(capabilities(), False) is None and name != "peer_compiled"]
+# Every path of the package that runs on inputs in host memory here.
+CPU_PATHS = [name for name, path in paths.PATHS.items() if path.unavailable(capabilities(), False) is None]
 
 
 def test_the_paths_built_on_pytorch_alone_run_on_the_cpu():
     assert {"reference", "scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed", "scaled_mm_streams",
-            "scaled_mm_graph", "peer_eager", "peer_bf16"} <= set(CPU_PATHS)
+            "scaled_mm_graph"} <= set(CPU_PATHS)
 
 
 @pytest.mark.parametrize("name", CPU_PATHS)
@@ -266,6 +266,7 @@ def test_shape_classes():
 
 # The name prefixes of each kind of path: the family comes first in every name.
 FAMILIES = {"nvfp4lib": ("cute_", "scaled_mm_"), "peer": ("peer_", "triton_"), "yardstick": ("reference",)}
+EVERY_PATH = all_paths()  # the package's paths and the peers: one naming scheme
 MACHINES = {"cpu": CPU, "hopper": HOPPER, "blackwell": BLACKWELL,
             "hopper-no-dsl": dataclasses.replace(HOPPER, cute_dsl=False, cute_dsl_version=None),
             "blackwell-no-dsl": dataclasses.replace(BLACKWELL, cute_dsl=False, cute_dsl_version=None)}
@@ -273,18 +274,18 @@ MACHINES = {"cpu": CPU, "hopper": HOPPER, "blackwell": BLACKWELL,
 
 def test_every_path_has_a_label_and_a_summary():
     assert paths.PATHS
-    for name, path in paths.PATHS.items():
+    for name, path in EVERY_PATH.items():
         assert path.name == name
         assert path.kind in FAMILIES, f"{name}: kind {path.kind!r}"
         assert isinstance(path.label, str) and path.label.strip(), f"{name}: no label"
         assert isinstance(path.summary, str) and path.summary.strip(), f"{name}: no summary"
-    labels = [path.label for path in paths.PATHS.values()]
+    labels = [path.label for path in EVERY_PATH.values()]
     assert len(set(labels)) == len(labels), "tables and legends tell the paths apart by their labels"
 
 
 def test_path_names_follow_one_scheme():
     """Lowercase words joined by "_", the family first: one spelling in every tool."""
-    for name, path in paths.PATHS.items():
+    for name, path in EVERY_PATH.items():
         assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", name), f"{name!r} is not lowercase words joined by _"
         assert name.startswith(FAMILIES[path.kind]), f"{name!r} ({path.kind}) starts with none of {FAMILIES[path.kind]}"
 
@@ -302,8 +303,15 @@ def test_the_last_path_of_the_fallback_order_runs_anywhere(caps):
 def test_every_exportable_path_can_be_exported():
     exportable = {name for name, path in paths.PATHS.items() if path.exportable}
     assert {"cute_fast", "scaled_mm_permuted"} <= exportable
-    assert exportable <= set(submission.EXPORTS)
-    assert set(submission.EXPORTS) - exportable == {submission.HYBRID}
+    assert exportable <= set(export.EXPORTS)
+    assert set(export.EXPORTS) - exportable == {export.HYBRID}
+
+
+def test_the_dispatcher_runs_the_package_paths_only():
+    """The peers are benchmark yardsticks registered in the bench wing: not something to force."""
+    with pytest.raises(ValueError, match="force: unknown path 'peer_eager'"):
+        with dispatch.force("peer_eager"):
+            pass
 
 
 @pytest.mark.parametrize("name", ["cute", "scaled_mm", "cute_graph", "cute-fast", "peer-bf16", "fastest"])

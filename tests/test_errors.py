@@ -21,7 +21,7 @@ from nvfp4lib import contract, dispatch, formats, layouts, problem, reference, s
 from nvfp4lib.cute import gemv as cute_gemv
 from nvfp4lib.bench import peers
 from nvfp4lib.contract import NAMES, NVFP4InputError
-from nvfp4lib.paths import PATHS
+from nvfp4lib.bench.peers import all_paths
 
 M, K, L = 256, 128, 2  # the valid base case: 2 row tiles, 2 scale-column tiles, 2 batches
 BASE = problem.generate_input(M, K, L)
@@ -198,11 +198,12 @@ TUPLE_ENTRIES = {
 
 @functools.lru_cache(maxsize=None)
 def _built(name: str):
-    return PATHS[name].build()
+    return all_paths()[name].build()
 
 
 def _registry_path(name: str):
-    """What nvfp4lib.paths builds for `name` (what ``dispatch.force(name)`` runs), built on first use."""
+    """What the registry builds for `name` (for the package's paths what ``dispatch.force(name)`` runs),
+    built on first use."""
     def run(data):
         if name == "scaled_mm_functional":
             return _functional(data)

@@ -7,6 +7,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nvfp4lib import formats
 from nvfp4lib.contract import BLOCK_SIZE, NVFP4InputError
 from nvfp4lib.formats import (E2M1_VALUES, E4M3_MAX, FP4_MAX, NVFP4Tensor, as_fp4x2, decode_e2m1, decode_e4m3,
                               dequantize_nvfp4, encode_e2m1, encode_e4m3, fp4_bytes, pack_fp4, quantize_nvfp4, sqnr_db,
@@ -168,3 +169,13 @@ def test_sqnr():
     x = torch.randn(100, generator=torch.Generator().manual_seed(0))
     assert sqnr_db(x, x) == math.inf
     assert sqnr_db(x, 1.1 * x) == pytest.approx(20.0)
+
+
+def test_dequantize_decodes_the_scales_once(monkeypatch):
+    q = formats.quantize_nvfp4(torch.randn(4, 64, generator=torch.Generator().manual_seed(3)))
+    expected = formats.dequantize_blocks(formats.unpack_fp4(q.codes), q.scales, q.global_scale)
+    calls = []
+    real = formats.decode_e4m3
+    monkeypatch.setattr(formats, "decode_e4m3", lambda t, name="t": calls.append(name) or real(t, name))
+    assert torch.equal(formats.dequantize_nvfp4(q), expected)
+    assert len(calls) == 1

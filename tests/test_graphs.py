@@ -8,7 +8,8 @@ import torch
 from nvfp4lib import scaled_mm
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.graphs import CPU_NOTE, GraphedGemv, graph_key
+from nvfp4lib.caches import memory_key
+from nvfp4lib.graphs import CPU_NOTE, GraphedGemv
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
 from nvfp4lib.streams import StreamPool, run_batches
@@ -43,16 +44,16 @@ def test_cpu_inputs_pass_straight_through():
 
 def test_key_changes_with_pointer_shape_stride_and_dtype():
     data = _fresh(Shape(128, 64, 2))
-    key = graph_key(data)
-    assert graph_key(tuple(list(data))) == key
-    assert graph_key(list(data)) == key  # the container does not matter, its contents do
+    key = memory_key(data)
+    assert memory_key(tuple(list(data))) == key
+    assert memory_key(list(data)) == key  # the container does not matter, its contents do
     retyped = data._replace(a=data.a.view(torch.uint8))  # same address, shape and strides
-    assert graph_key(retyped) != key
-    assert graph_key(_fresh(Shape(128, 64, 2))) != key  # new tensors, new pointers
+    assert memory_key(retyped) != key
+    assert memory_key(_fresh(Shape(128, 64, 2))) != key  # new tensors, new pointers
     shifted = data._replace(a=data.a[:, :, 1:])
-    assert graph_key(shifted) != key
+    assert memory_key(shifted) != key
     restrided = data._replace(a=data.a.contiguous())
-    assert graph_key(restrided) != key
+    assert memory_key(restrided) != key
 
 
 def test_arguments_are_checked():

@@ -13,13 +13,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
 
-from nvfp4lib import paths  # noqa: E402
+from nvfp4lib.bench.peers import all_paths  # noqa: E402
 from nvfp4lib.bench import report as bench_report
-from nvfp4lib.leaderboard import export as submission
+from nvfp4lib.leaderboard import export
 from nvfp4lib.bench import suite
 from nvfp4lib.device import capabilities  # noqa: E402
 from nvfp4lib.locations import REPO_ROOT  # noqa: E402
-from nvfp4lib.bench.plots import PATH_COLORS, path_color, path_key  # noqa: E402
+from nvfp4lib.bench.plots import PATH_COLORS, path_color  # noqa: E402
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved  # noqa: E402
 
 
@@ -29,15 +29,15 @@ def _suite_names() -> list[str]:
 
 
 def _committed_names() -> list[str]:
-    """The path names of the committed result CSVs (written before the names had one scheme)."""
+    """The path names of the committed result CSVs: the names of the registry, no other spelling."""
     return sorted({r["path"] for csv in bench_report.RESULTS_DIR.glob("*.csv") for r in bench_report.load_results(csv)
                    if r["kind"] != "ceiling"})
 
 
 NAMING_SCHEMES = {
     "suite": _suite_names(),
-    "paths.PATHS": list(paths.PATHS),
-    "submission.EXPORTS": list(submission.EXPORTS),
+    "peers.all_paths()": list(all_paths()),
+    "export.EXPORTS": list(export.EXPORTS),
     "committed results": _committed_names(),
 }
 UNKNOWN = ["cute-fast-v2", "my_kernel", "Peer-Triton", "x"]
@@ -47,7 +47,7 @@ UNKNOWN = ["cute-fast-v2", "my_kernel", "Peer-Triton", "x"]
 def test_every_path_has_a_fixed_colour_distinct_within_its_scheme(scheme):
     names = NAMING_SCHEMES[scheme]
     assert names, scheme
-    assert all(path_key(n) in PATH_COLORS for n in names), [n for n in names if path_key(n) not in PATH_COLORS]
+    assert all(n in PATH_COLORS for n in names), [n for n in names if n not in PATH_COLORS]
     colors = [path_color(n) for n in names]
     assert len(set(colors)) == len(colors), dict(zip(names, colors))
 
@@ -59,22 +59,7 @@ def test_fixed_colours_are_distinct_and_valid():
 
 def test_the_fixed_colours_are_those_of_the_registry_paths():
     """One colour per registry path, plus the dispatcher and the hybrid file; no colour of a name gone."""
-    assert set(PATH_COLORS) == set(paths.PATHS) | {"dispatch", submission.HYBRID}
-
-
-@pytest.mark.parametrize("names", [
-    ("cute_fast", "cute-fast", "cute", "CUTE-FAST"),
-    ("cute_naive", "cute-naive"),
-    ("cute_fast_graph", "cute_graph", "cute-graph"),
-    ("scaled_mm_permuted", "scaled_mm-permuted", "scaled_mm"),
-    ("scaled_mm_transposed", "scaled_mm-transposed"),
-    ("peer_bf16", "peer-bf16"),
-    ("cute_fast_v2", "cute-fast-v2"),  # unknown names are normalised the same way
-])
-def test_one_path_under_several_names_has_one_colour(names):
-    """Older CSV spellings (dashes, the dispatcher's short names) are keyed as the registry name, the first."""
-    assert {path_key(n) for n in names} == {names[0]}
-    assert len({path_color(n) for n in names}) == 1
+    assert set(PATH_COLORS) == set(all_paths()) | {"dispatch", export.HYBRID}
 
 
 def test_unknown_names_get_a_valid_colour_that_does_not_depend_on_the_process():
@@ -94,7 +79,7 @@ def _rows(names: list[str]) -> list[dict]:
     rows = []
     for s in BENCHMARK_SHAPES:
         for i, name in enumerate(names):
-            kind = paths.PATHS[path_key(name)].kind if path_key(name) in paths.PATHS else "nvfp4lib"
+            kind = all_paths()[name].kind if name in all_paths() else "nvfp4lib"
             rows.append(dict(path=name, kind=kind, label=name,
                              shape_set="benchmark", m=s.m, k=s.k, l=s.l, bytes=bytes_moved(s), status="ok",
                              kernel_us=10.0 + i, leaderboard_us=15.0 + i, host_us=2.0, timing="cuda-events",

@@ -1,4 +1,4 @@
-"""NVFP4 quantization exists once: `quant_study.fake_quantize(x, 16, "e4m3")` and
+"""NVFP4 quantization exists once: `quantization.fake_quantize(x, 16, "e4m3")` and
 `dequantize_nvfp4(quantize_nvfp4(x))` agree bit for bit, and both are the definition (the E4M3
 scale nearest to amax / 6 / global, the E2M1 code nearest to x / (scale * global), ties to even)
 on values placed exactly on its edges, checked here with exact fractions.
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from nvfp4lib import formats
-from nvfp4lib.study import quantization as quant_study
+from nvfp4lib.study import quantization
 from nvfp4lib.contract import NVFP4InputError
 from tests.bitdefs import E2M1_MAGNITUDES, E4M3_MAGNITUDES, nearest_index, round_to_float32
 
@@ -34,10 +34,10 @@ def negative(value: float) -> bool:
 # --------------------------------------------------------------------------- the two routes, full size
 
 
-@pytest.mark.parametrize("name", quant_study.DISTRIBUTIONS)
+@pytest.mark.parametrize("name", quantization.DISTRIBUTIONS)
 def test_study_route_is_the_format_at_full_size(name):
-    x = quant_study.sample(name, 1024, 4096, seed=0)
-    study = quant_study.fake_quantize(x, 16, "e4m3")
+    x = quantization.sample(name, 1024, 4096, seed=0)
+    study = quantization.fake_quantize(x, 16, "e4m3")
     nvfp4 = formats.dequantize_nvfp4(formats.quantize_nvfp4(x))
     assert torch.equal(bits(study), bits(nvfp4)), f"{int((study != nvfp4).sum())} elements differ"
 
@@ -120,7 +120,7 @@ def test_quantization_on_the_edges_is_the_definition(exponent):
     assert np.array_equal(q.scales.view(torch.uint8).numpy(), scales)
     nvfp4 = formats.dequantize_nvfp4(q)
     assert np.array_equal(nvfp4.numpy().view(np.int32), values.view(np.int32))
-    study = quant_study.fake_quantize(torch.from_numpy(x), 16, "e4m3")
+    study = quantization.fake_quantize(torch.from_numpy(x), 16, "e4m3")
     assert torch.equal(bits(study), bits(nvfp4))
 
 
@@ -144,7 +144,7 @@ def test_float64_input_is_rounded_once():
                      dtype=torch.float64)
     q = formats.quantize_nvfp4(x, global_scale=1 / 448)
     assert formats.decode_e2m1(formats.unpack_fp4(q.codes))[0, :4].tolist() == [6.0, 0.5, 3.0, -6.0]
-    assert torch.equal(quant_study.fake_quantize(x, 16, "e4m3"), formats.dequantize_nvfp4(formats.quantize_nvfp4(x)))
+    assert torch.equal(quantization.fake_quantize(x, 16, "e4m3"), formats.dequantize_nvfp4(formats.quantize_nvfp4(x)))
 
 
 def test_e8m0_scale_is_the_power_of_two_below_amax():
@@ -152,7 +152,7 @@ def test_e8m0_scale_is_the_power_of_two_below_amax():
     log2 rounds up to 40 itself)."""
     below = float(np.nextafter(np.float32(2.0 ** 40), np.float32(0)))
     x = torch.tensor([[below] + [0.0] * 31, [2.0 ** 40] + [0.0] * 31])
-    out = quant_study.fake_quantize(x, 32, "e8m0")
+    out = quantization.fake_quantize(x, 32, "e8m0")
     # scales 2^37 and 2^38: just below 2^40 / 2^37 = 8 saturates at code 6, 2^40 / 2^38 = 4 is a code
     assert out[:, 0].tolist() == [6 * 2.0 ** 37, 4 * 2.0 ** 38]
 

@@ -1,12 +1,13 @@
 """The exact reference against a naive loop, and the checker against planted errors."""
 
 import math
+import re
 
 import pytest
 import torch
 
 from nvfp4lib.problem import generate_input
-from nvfp4lib.reference import assert_gemv_close, check, poison_, reference_gemv
+from nvfp4lib.reference import TOLERANCE, check, poison_, reference_gemv
 
 
 def e2m1(code: int) -> float:
@@ -71,7 +72,6 @@ def test_check_accepts_correctly_rounded_fp16(m, k, l):
     data = generate_input(m, k, l)
     result = check(fp16_answer(data), data)
     assert result.ok and result.n_bad == 0 and bool(result)
-    assert_gemv_close(fp16_answer(data), data)
 
 
 def test_check_catches_one_wrong_element():
@@ -80,9 +80,8 @@ def test_check_catches_one_wrong_element():
     out[77, 0, 1] += 1 + 0.01 * out[77, 0, 1].abs()  # off by more than 1, whatever its sign
     result = check(out, data)
     assert not result.ok and result.n_bad == 1 and result.max_abs_err >= 1
-    assert "(m=77, l=1)" in result.message
-    with pytest.raises(AssertionError, match=r"\(m=77, l=1\): got"):
-        assert_gemv_close(out, data)
+    assert re.search(r"\(m=77, l=1\): got", result.message)
+    assert f"(rtol={TOLERANCE}, atol={TOLERANCE})" in result.message
 
 
 def test_check_reports_unwritten_elements():

@@ -18,9 +18,9 @@ from nvfp4lib.formats import as_fp4x2, dequantize_nvfp4, fp4_bytes, quantize_nvf
 from nvfp4lib.layouts import permuted_as_blocked, to_blocked, to_permuted
 from nvfp4lib.paths import PATHS
 from nvfp4lib.problem import MODES, TEST_SHAPES, generate_input
-from nvfp4lib.reference import check, poison_, reference_gemv
+from nvfp4lib.reference import TOLERANCE, check, poison_, reference_gemv
 
-RTOL = ATOL = 1e-3
+RTOL = ATOL = TOLERANCE
 VARIANTS = ["scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed", "scaled_mm_functional"]
 EXTRA_SHAPES = [Shape(256, 512, 3)]  # L = 3: more batches than a 2-stream pool
 

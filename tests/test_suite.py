@@ -12,9 +12,10 @@ from matplotlib.colors import to_hex
 
 from nvfp4lib.bench import report as bench_report
 from nvfp4lib.bench import suite
+from nvfp4lib.bench.peers import all_paths
+from nvfp4lib.bench.timing import MEASURES
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.paths import PATHS
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 FAST_PATHS = ["peer_eager", "peer_bf16"]  # every path runs in the slow test
@@ -88,7 +89,7 @@ def test_a_wrong_path_is_reported_and_still_timed():
     def wrong(d):
         return d[6].zero_()
 
-    row = suite.measure(_path(wrong), data, _plan())
+    row = suite.check_and_time(_path(wrong), data, _plan())
     assert row["status"] == "inexact" and "mismatch" in row["note"]
     assert row["kernel_us"] > 0 and row["max_abs_err"] > 1e-3
 
@@ -97,14 +98,14 @@ def test_a_path_that_raises_is_reported():
     def broken(d):
         raise RuntimeError("no kernel for this\nsecond line")
 
-    row = suite.measure(_path(broken), generate_input(128, 256, 1, seed=0), _plan())
+    row = suite.check_and_time(_path(broken), generate_input(128, 256, 1, seed=0), _plan())
     assert row == {"status": "error", "note": "RuntimeError: no kernel for this"}
 
 
 def test_a_correct_path_is_timed_three_ways():
     from nvfp4lib.bench import peers
 
-    row = suite.measure(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
+    row = suite.check_and_time(_path(peers.eager_dequant_matmul), generate_input(128, 256, 2, seed=1), _plan())
     assert row["status"] == "ok"
     assert row["kernel_us"] > 0 and row["leaderboard_us"] > 0 and row["host_visible_us"] > 0
     assert row["kernel_reps"] >= 1 and row["leaderboard_reps"] >= 1 and "leaderboard_err_us" in row
@@ -121,7 +122,7 @@ def test_a_path_is_checked_on_a_clone_against_the_untouched_input():
         d[0].view(torch.uint8).zero_()
         return d[6].copy_(reference_gemv(d))
 
-    row = suite.measure(_path(zero_a_then_compute), data, _plan())
+    row = suite.check_and_time(_path(zero_a_then_compute), data, _plan())
     assert row["status"] == "inexact" and "mismatch" in row["note"]
     assert torch.equal(data[0].view(torch.uint8), a_before)
 
@@ -152,8 +153,9 @@ def _check_csv(path, expect_paths):
         assert r["device_slug"] == "cpu" and r["timing"] == "wall"
     for r in rows:
         if r["kind"] != "ceiling" and r["status"] == "skipped":  # named as the registry names it
-            assert (r["kind"], r["label"]) == (PATHS[r["path"]].kind, PATHS[r["path"]].label), r
-            assert r["note"] == PATHS[r["path"]].why_not_timed(capabilities(), capabilities().cuda)
+            path = all_paths()[r["path"]]
+            assert (r["kind"], r["label"]) == (path.kind, path.label), r
+            assert r["note"] == path.why_not_timed(capabilities(), capabilities().cuda)
     timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] != "skipped"]
     assert {r["path"] for r in timed} == set(expect_paths)
     assert len(timed) == len(expect_paths) * len(plan.tasks())
@@ -232,6 +234,15 @@ def _synthetic_rows(reads: bool = False):
     return rows
 
 
+def test_benchmark_rows_are_one_paths_checked_rows_by_shape():
+    rows = _synthetic_rows()
+    got = bench_report.benchmark_rows(rows, "cute_fast")
+    assert list(got) == list(BENCHMARK_SHAPES)
+    assert all(r["path"] == "cute_fast" and r["shape_set"] == "benchmark" for r in got.values())
+    assert bench_report.benchmark_rows(rows, "cute_naive") == {}, "skipped: not a result"
+    assert bench_report.benchmark_rows(rows, "cute-fast") == {}, "one spelling of every name"
+
+
 def test_figures_from_a_synthetic_csv(tmp_path):
     path = tmp_path / "h200.csv"
     bench_report.write_csv(_synthetic_rows(), path)
@@ -260,7 +271,7 @@ def test_summary_table_speedups_and_geomean():
     times = [bytes_moved(s) / 3000.0 / 1e3 for s in BENCHMARK_SHAPES]
     expected = [math.prod(t + extra for t in times) ** (1 / 3) for extra in (0.0, 0.5, 8.0)]
     assert [float(x) for x in geo[3:]] == pytest.approx(expected, abs=0.06)
-    assert "leaderboard the mean" in text and "older run" not in text
+    assert "leaderboard the mean" in text
     assert "% copy: of the measured device-to-device copy, 4000 GB/s" in text, "no reads: the copy is the ceiling"
 
 
@@ -309,71 +320,13 @@ def test_summary_and_figures_hold_paths_against_the_best_read():
             plt.close(fig)
 
 
-# The header of a CSV written before leaderboard time was measured (as results/h200.csv was): its
-# "leaderboard" columns held host-visible time.
-OLDER_HEADER = ("path,kind,label,shape_set,m,k,l,bytes,status,note,kernel_us,kernel_p10_us,kernel_p90_us,kernel_reps,"
-                "leaderboard_us,leaderboard_p10_us,leaderboard_p90_us,leaderboard_reps,host_us,kernel_gbps,"
-                "leaderboard_gbps,kernel_pct_of_copy,leaderboard_pct_of_copy,max_abs_err,timing,copy_gbps,"
-                "reduction_gbps,device_slug,quick,date,env_gpu")
-
-
-def _older_csv(path, rows) -> None:
-    names = OLDER_HEADER.split(",")
-    lines = [OLDER_HEADER]
-    for r in rows:
-        old = dict(r, leaderboard_us=r["host_visible_us"], leaderboard_p10_us=r["host_visible_us"] - 1,
-                   leaderboard_p90_us=r["host_visible_us"] + 1, leaderboard_reps=37) if r.get("kernel_us") else r
-        lines.append(",".join("" if old.get(n) is None else str(old[n]) for n in names))
-    path.write_text("\n".join(lines) + "\n")
-
-
-def test_an_older_csv_loads_its_leaderboard_column_as_host_visible_time(tmp_path):
-    synthetic = _synthetic_rows()
-    path = tmp_path / "h200.csv"
-    _older_csv(path, synthetic)
-    rows = bench_report.load_results(path)
-    timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] == "ok"]
-    expected = [r["host_visible_us"] for r in synthetic if r["kind"] != "ceiling" and r["status"] == "ok"]
-    assert [r["host_visible_us"] for r in timed] == pytest.approx(expected)
-    assert all(r["host_visible_reps"] == 37 and r["host_visible_p90_us"] == pytest.approx(r["host_visible_us"] + 1)
-               for r in timed)
-    assert all(r["leaderboard_us"] is None and r["leaderboard_gbps"] is None for r in rows)
-    assert bench_report.is_older_run(rows) and bench_report.score_measure(rows) == "host-visible"
-    text = bench_report.summary_table(rows)
-    assert "host-visible (older run) us" in text and "leaderboard us" not in text
-    assert bench_report.OLDER_RUN_NOTE in text and "these results have no streaming reads" in text
-    cells = _table_cells(text, "cute_fast", BENCHMARK_SHAPES[0])
-    eager = next(r for r in timed if r["path"] == "peer_eager" and r["shape_set"] == "benchmark")
-    fast = next(r for r in timed if r["path"] == "cute_fast" and r["shape_set"] == "benchmark")
-    assert cells["x eager"] == f"{eager['host_visible_us'] / fast['host_visible_us']:.2f}"
-    assert "host-visible (older run)" in bench_report.overhead_table(rows)
-    figures = bench_report.make_figures(path)
-    try:
-        titles = [ax.get_title() for ax in figures["00_roofline"].axes]
-        assert [t.split(":")[0] for t in titles] == ["kernel time", "host-visible time"] and "older run" in titles[1]
-        assert "host-visible (older run)" in figures["00_benchmark_bars"].axes[0].get_ylabel()
-    finally:
-        import matplotlib.pyplot as plt
-
-        for fig in figures.values():
-            plt.close(fig)
-    rewritten = tmp_path / "again.csv"  # written back in today's columns, it reads the same
-    bench_report.write_csv(rows, rewritten)
-    again = bench_report.load_results(rewritten)
-    assert [r["host_visible_us"] is None for r in again] == [r["host_visible_us"] is None for r in rows]
-    assert all(a["host_visible_us"] == pytest.approx(r["host_visible_us"], abs=0.01)
-               for a, r in zip(again, rows) if r["host_visible_us"] is not None)
-    assert not any(r["leaderboard_us"] for r in again) and bench_report.is_older_run(again)
-
-
 @pytest.mark.parametrize("path", sorted(bench_report.RESULTS_DIR.glob("*.csv")), ids=lambda p: p.name)
 def test_committed_results_load_and_draw(path):
     rows = bench_report.load_results(path)
     text = bench_report.summary_table(rows, ("benchmark",))
     measures = bench_report.measures_in(rows)
-    assert "kernel" in measures and len(measures) >= 2
-    if bench_report.is_older_run(rows):
-        assert bench_report.OLDER_RUN_NOTE in text and "host-visible (older run) us" in text
+    assert measures == list(MEASURES), "every committed CSV has all three measures (no older layout to read)"
+    assert "leaderboard us" in text
     figures = bench_report.make_figures(rows)
     import matplotlib.pyplot as plt
 
@@ -384,7 +337,7 @@ def test_committed_results_load_and_draw(path):
 
 def test_every_timing_field_is_a_column():
     from nvfp4lib.bench.timing import summarize
-    from nvfp4lib.bench.harness import MEASURES, timing_fields
+    from nvfp4lib.bench.harness import timing_fields
 
     fields = timing_fields({m: summarize(m, [1.0, 2.0, 3.0], [0.5]) for m in MEASURES}, nbytes=1000)
     # The bandwidth of host-visible time is left out: that time includes the host's work.

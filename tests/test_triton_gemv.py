@@ -15,10 +15,17 @@ import torch
 
 from nvfp4lib.bench import triton_gemv
 from nvfp4lib.contract import NVFP4InputError, Shape
+from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
 
 _seeds = random.Random()  # seeded from the OS: fresh data every run
+CPU = Capabilities(cuda=False, name="cpu", sm=None, fp4_gemm=False, cute_dsl=False, cute_dsl_version=None,
+                   hw_e2m1=False, cute_arch=None)
+HOPPER = Capabilities(cuda=True, name="NVIDIA H200", sm=(9, 0), fp4_gemm=False, cute_dsl=False, cute_dsl_version=None,
+                      hw_e2m1=False, cute_arch="sm_90a")
+BLACKWELL = Capabilities(cuda=True, name="NVIDIA B200", sm=(10, 0), fp4_gemm=True, cute_dsl=False,
+                         cute_dsl_version=None, hw_e2m1=True, cute_arch="sm_100a")
 
 PEERS = {  # name -> (what builds the runner, why it cannot run here)
     "triton_nvfp4": (triton_gemv.TritonGemv, triton_gemv.why_unavailable),
@@ -89,7 +96,7 @@ def test_new_values_in_the_same_tensors_give_new_results(name):
 
 def test_module_imports_and_says_why_it_cannot_run_here():
     reason = triton_gemv.why_unavailable()
-    if triton_gemv.triton is None or not torch.cuda.is_available():
+    if triton_gemv.triton is None or not capabilities().cuda:
         assert isinstance(reason, str) and reason.startswith("needs ")
         assert triton_gemv.dot_scaled_unavailable() == reason
     else:
@@ -101,16 +108,12 @@ def test_reasons_name_what_is_missing(monkeypatch):
     monkeypatch.setattr(triton_gemv, "triton", None)
     assert triton_gemv.why_unavailable().startswith("needs Triton (not installed")
     monkeypatch.setattr(triton_gemv, "triton", fake_triton)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert triton_gemv.why_unavailable() == "needs a CUDA GPU"
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert triton_gemv.why_unavailable() is None
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    hopper = triton_gemv.dot_scaled_unavailable()
+    assert triton_gemv.why_unavailable(CPU) == "needs a CUDA GPU"
+    assert triton_gemv.why_unavailable(HOPPER) is None
+    hopper = triton_gemv.dot_scaled_unavailable(HOPPER)
     assert "needs sm_100 or newer" in hopper and "sm_90" in hopper
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
     monkeypatch.setattr(triton_gemv, "tl", types.SimpleNamespace())
-    assert triton_gemv.dot_scaled_unavailable() == "needs tl.dot_scaled, which Triton 0.0-test does not have"
+    assert triton_gemv.dot_scaled_unavailable(BLACKWELL) == "needs tl.dot_scaled, which Triton 0.0-test does not have"
 
 
 @pytest.fixture
@@ -138,9 +141,7 @@ def test_dot_scaled_needs_a_triton_that_compiles_nvfp4_scales(monkeypatch, fresh
     monkeypatch.setattr(triton_gemv, "triton", types.SimpleNamespace(__version__="0.0-test"))
     monkeypatch.setattr(triton_gemv, "tl", types.SimpleNamespace(dot_scaled=None))
     monkeypatch.setattr(triton_gemv, "compile_ptx", compile_ptx)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (10, 0))
-    reason = triton_gemv.dot_scaled_unavailable()
+    reason = triton_gemv.dot_scaled_unavailable(BLACKWELL)
     assert reason == expected if expected is None else expected in reason
 
 

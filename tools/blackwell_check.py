@@ -41,6 +41,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from nvfp4lib.device import capabilities, environment_report  # noqa: E402
 from nvfp4lib.locations import BUILD_DIR, NOTEBOOKS_DIR  # noqa: E402
+from nvfp4lib.messages import describe_error, first_line  # noqa: E402
 
 WORK_DIR = BUILD_DIR / "blackwell"
 DEFAULT_REPORT = BUILD_DIR / "blackwell_report.md"
@@ -144,7 +145,7 @@ def hardware_against_models() -> str:
         poison_(unsigned.c)
         result = check(scaled_mm.gemv_scaled_mm_permuted(unsigned), unsigned)
         ran = scaled_mm.last_backend
-        lines.append(f"cuBLAS FP4 {shape} ({ran}), scales made non-negative: {result.message.splitlines()[0]}")
+        lines.append(f"cuBLAS FP4 {shape} ({ran}), scales made non-negative: {first_line(result.message)}")
         if not result.ok or ran != scaled_mm.HARDWARE_BACKEND:
             problems.append(lines[-1])
     if problems:
@@ -230,11 +231,10 @@ def run_items(items) -> list[Outcome]:
             try:
                 outcome = Outcome(item, "PASS", 0.0, item.check())
             except Exception as err:  # noqa: BLE001 - every failure of an item is reported, the rest still run
-                details = str(err) if isinstance(err, CheckFailed) else f"{type(err).__name__}: {err}"
+                details = str(err) if isinstance(err, CheckFailed) else describe_error(err)
                 outcome = Outcome(item, "FAIL", 0.0, details)
             outcome.seconds = time.perf_counter() - start
-        first_line = (outcome.details.splitlines() or [""])[0]
-        print(f"{outcome.status} {item.name} ({outcome.seconds:.1f} s): {first_line}", flush=True)
+        print(f"{outcome.status} {item.name} ({outcome.seconds:.1f} s): {first_line(outcome.details)}", flush=True)
         outcomes.append(outcome)
     return outcomes
 
@@ -251,7 +251,7 @@ def report_text(outcomes: list[Outcome]) -> str:
         lines += [f"**Nothing ran**: this check {skip}. Run it on a B200 (`make blackwell-check`).", ""]
     lines += ["| item | result | time | summary |", "|---|---|---|---|"]
     for o in outcomes:
-        summary = (o.details.splitlines() or [""])[0].replace("|", "\\|")
+        summary = first_line(o.details).replace("|", "\\|")
         lines.append(f"| {o.item.name} | {o.status} | {o.seconds:.1f} s | {summary} |")
     lines.append("")
     for o in outcomes:

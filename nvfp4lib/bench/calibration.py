@@ -2,18 +2,23 @@
 
 The dispatcher only reads a table (`dispatch.load_table`, `dispatch.set_table`); making one is
 benchmarking, so it lives here, on the benchmarking side, timed by the same harness as every
-other measurement of the workbook.
+other measurement of the workbook. ``python -m nvfp4lib.bench.calibration`` (``make calibrate``)
+measures it and saves it to `locations.DISPATCH_TABLE`.
 """
 
 from __future__ import annotations
 
+import argparse
+import sys
 from typing import Callable
 
+from nvfp4lib.bench.harness import check_bound, measure
 from nvfp4lib.bench.timing import BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, StoppingRule, geomean
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, shape_class
-from nvfp4lib.bench.harness import check_bound, measure
+from nvfp4lib.dispatch import DISPATCHER, Dispatcher, Table, save_table, shape_class
+from nvfp4lib.locations import DISPATCH_TABLE
+from nvfp4lib.messages import first_line
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 
@@ -63,7 +68,7 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CANDIDATES, *, rule: StoppingR
                 say(f"timing {name} at {where} {step} ...")
                 fn = builder.build(name)
                 result, call = check_bound(lambda given: lambda: fn(given), data)
-                why_not = None if result.ok else f"wrong result at {tuple(s)}: {result.message.splitlines()[0]}"
+                why_not = None if result.ok else f"wrong result at {tuple(s)}: {first_line(result.message)}"
             else:
                 say(f"skipping {name} at {where} {step}: {why_not}")
             if why_not is not None:
@@ -86,3 +91,22 @@ def calibrate(shapes=BENCHMARK_SHAPES, candidates=CANDIDATES, *, rule: StoppingR
     if install is not None:
         install.set_table(tab)
     return tab
+
+
+def main(argv=None) -> int:
+    """Calibrate on this GPU and save the table; without a CUDA GPU say so and exit 0 (like every GPU target)."""
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.calibration",
+                                     description="Time the dispatcher's candidate paths per shape class on this GPU "
+                                                 "and save its table.")
+    parser.add_argument("--out", default=DISPATCH_TABLE, help=f"where to save the table (default {DISPATCH_TABLE})")
+    args = parser.parse_args(argv)
+    caps = capabilities()
+    if not caps.cuda:
+        print(f"calibrate: skipped, it times GPU kernels and this machine has {caps.summary()}")
+        return 0
+    print(f"wrote {save_table(args.out, calibrate(log=print))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

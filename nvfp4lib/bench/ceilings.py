@@ -14,7 +14,7 @@ Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness
 as its mean, the leaderboard's figure, and its median). Besides the
 reads after the flush the GEMV is timed with (path "read-<name>": the L2 left full of dirty lines,
 whose write-back competes with the read), `read_ceilings` times the same reads after a flush whose
-dirty lines were written back first ("read-<name>-clean", `bench.flush_l2` mode "clean") and over
+dirty lines were written back first ("read-<name>-clean", `timing.flush_l2` mode "clean") and over
 2 GiB (shape_set "ceiling"), so that the floor can be taken apart: the fixed cost of a call (launch,
 first-load latency, tail), the write-back of the flush's dirty lines, and bytes over bandwidth.
 """
@@ -24,17 +24,18 @@ from typing import Callable, Iterable, NamedTuple
 
 import torch
 
-from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, GPU_BANDWIDTH_BYTES, StoppingRule, text_table,
-                            time_kernel)
+from nvfp4lib.bench import triton_gemv
+from nvfp4lib.bench.harness import measure, timing_fields
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
+                                   gbps, text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
-from nvfp4lib.device import capabilities
-from nvfp4lib.bench.harness import describe_error, measure, timing_fields
+from nvfp4lib.device import NO_CUDA, capabilities, missing
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import bytes_moved
 
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
 TRITON_LAUNCH_SHAPES = tuple((block, warps) for block in (2048, 4096, 8192, 16384) for warps in (4, 8, 16))
 """(int32 words per program, warps per program) tried for the Triton read of each buffer."""
-FLUSHES = {"dirty": None, "clean": "clean"}  # flush of the read -> harness.measure's flush argument
 FASTEST_NOTE = "fastest read here"
 
 
@@ -48,6 +49,11 @@ def read_buffer(nbytes: int, device) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # The reads: each says why it cannot run here, or binds to a buffer
+
+
+def _needs_cuda(device: torch.device) -> str | None:
+    """The reads of a GPU's memory need the buffer there."""
+    return None if device.type == "cuda" else NO_CUDA
 
 
 class BoundRead(NamedTuple):
@@ -91,13 +97,7 @@ class TritonRead:
     launch_shapes = TRITON_LAUNCH_SHAPES
 
     def why_not(self, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs a CUDA GPU"
-        try:
-            import triton  # noqa: F401
-        except ImportError:
-            return "Triton is not installed"
-        return None
+        return _needs_cuda(device) or triton_gemv.why_unavailable()
 
     def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
         """The read of `buf` with one launch shape."""
@@ -119,15 +119,13 @@ class TritonRead:
 
 
 def compile_stream_read(arch: str | None = None, options: str = ""):
-    """The CuTe DSL kernel of `StreamRead`, compiled for TVM-FFI calls (src pointer, 16-byte vector
-    count, sink pointer, stream). `arch` None compiles for this GPU; e.g. "sm_100a" cross-compiles
-    without one. `options` are extra CuTe DSL compile options (e.g. --keep-ptx --dump-dir DIR).
-    (This module has no `from __future__ import annotations`: the DSL reads the kernels'
-    annotations, which name the locally imported `cutlass` and `cute`.)"""
-    import cutlass
-    from cutlass.cute.runtime import make_fake_stream
-
-    from nvfp4lib.cute.ptx import cute, ld_global_v4_if
+    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.gemv.compile_launch`) for TVM-FFI calls
+    (src pointer, 16-byte vector count, sink pointer, stream). `arch` None compiles for this GPU;
+    e.g. "sm_100a" cross-compiles without one. `options` are extra CuTe DSL compile options (e.g.
+    --keep-ptx --dump-dir DIR). (This module has no `from __future__ import annotations`: the DSL
+    reads the kernels' annotations, which name the locally imported `cutlass` and `cute`.)"""
+    from nvfp4lib.cute.gemv import compile_launch
+    from nvfp4lib.cute.ptx import cute, cutlass, ld_global_v4_if
 
     threads, loads = StreamRead.THREADS, StreamRead.LOADS
 
@@ -152,9 +150,7 @@ def compile_stream_read(arch: str | None = None, options: str = ""):
         blocks = (n_vec + threads * loads - 1) // (threads * loads)
         kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    arch_option = f" --gpu-arch {arch}" if arch else ""
-    return cute.compile(launch, cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0), make_fake_stream(),
-                        options=f"--enable-tvm-ffi{arch_option} {options}")
+    return compile_launch(launch, [cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0)], arch, options, tvm_ffi=True)
 
 
 class StreamRead:
@@ -190,11 +186,7 @@ class CuteRead:
     name, label = "cute", "streaming read: CuTe StreamRead, 16-byte loads"
 
     def why_not(self, device: torch.device) -> str | None:
-        if device.type != "cuda":
-            return "needs a CUDA GPU"
-        if not capabilities().cute_dsl:
-            return "the CuTe DSL is not installed (pip install -e '.[cute]')"
-        return None
+        return _needs_cuda(device) or missing(capabilities(), "cute_dsl")
 
     def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
         reader = stream_reader()
@@ -271,8 +263,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                                   note=f"failed here: {describe_error(err, 160)}") for flush in flushes]
                 continue
             for flush in flushes:
-                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps,
-                                  flush=FLUSHES[flush])
+                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps, flush=flush)
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
                                      leaderboard_median_us=timings["leaderboard"].median_us,
                                      **timing_fields(timings, nbytes)))
@@ -286,17 +277,21 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
     return rows
 
 
+def read_rows(rows: Iterable[dict]) -> list[dict]:
+    """The streaming reads (`read_ceilings` rows, or a benchmark CSV's) in `rows` that ran."""
+    return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
+            and r.get("status") == "ok"]
+
+
 def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
     """{shape: the read row with the lowest <measure_name>_us at that shape and flush} from
     `read_ceilings` rows (or a benchmark CSV's rows): the ceiling of that shape."""
     if flush not in FLUSHES:
-        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
-    key = f"{measure_name.replace('-', '_')}_us"
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
+    key = time_column(measure_name)
     best: dict[Shape, dict] = {}
-    for r in rows:
-        path = r.get("path") or ""
-        if (r.get("kind") != "ceiling" or not path.startswith("read-") or r.get("status") != "ok"
-                or r.get("m") is None or path.endswith("-clean") != (flush == "clean")):
+    for r in read_rows(rows):
+        if r.get("m") is None or r["path"].endswith("-clean") != (flush == "clean"):
             continue
         shape = Shape(r["m"], r["k"], r["l"])
         if shape not in best or r[key] < best[shape][key]:
@@ -313,17 +308,67 @@ def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> d
     fields = {}
     for name in ("kernel", "leaderboard"):
         best = best_reads(reads, flush, name).get(shape)
-        us = row.get(f"{name}_us")
+        us = row.get(time_column(name))
         if best is not None and us:
-            fields[f"{name}_pct_of_read"] = 100.0 * best[f"{name}_us"] / us
+            fields[time_column(name, "pct_of_read")] = 100.0 * best[time_column(name)] / us
     return fields
+
+
+def large_read(rows: Iterable[dict]) -> dict | None:
+    """The fastest read (kernel time) of the large buffer (shape_set "ceiling", no shape) in `rows`."""
+    large = [r for r in read_rows(rows) if r.get("m") is None and r.get("shape_set") == "ceiling"]
+    return min(large, key=lambda r: r["kernel_us"], default=None)
+
+
+class Floor(NamedTuple):
+    """A shape's floor, the best read of its bytes by kernel time (us), taken apart."""
+    shape: Shape
+    nbytes: int
+    dirty: dict  # the best read after the GEMV's flush (the L2 left full of dirty lines)
+    clean: dict  # the best read after a clean flush
+    streaming_us: float  # the bytes at the bandwidth of the large buffer's fastest read
+
+    @property
+    def fixed_us(self) -> float:
+        """The fixed cost of a call (launch, first-load latency, tail): the clean read beyond streaming."""
+        return self.clean["kernel_us"] - self.streaming_us
+
+    @property
+    def writeback_us(self) -> float:
+        """The write-back of the flush's dirty lines: the read after the usual flush beyond the clean one."""
+        return self.dirty["kernel_us"] - self.clean["kernel_us"]
+
+
+def floors(rows: Iterable[dict]) -> list[Floor]:
+    """Per shape read after both flushes, its floor taken apart (`Floor`): bytes over bandwidth, the
+    fixed cost of a call and the write-back of the flush, adding up to the read after the usual
+    flush. Needs `read_ceilings` rows with the large buffer (`large_read`); empty without it."""
+    rows = list(rows)
+    large = large_read(rows)
+    if large is None:
+        return []
+    bandwidth = gbps(large["bytes"], large["kernel_us"])
+    dirty, clean = best_reads(rows, "dirty", "kernel"), best_reads(rows, "clean", "kernel")
+    return [Floor(s, dirty[s]["bytes"], dirty[s], clean[s], dirty[s]["bytes"] / bandwidth / 1e3)
+            for s in dirty if s in clean]
+
+
+def floor_table(rows: Iterable[dict]) -> str:
+    """`floors` as a table: per shape the best reads after both flushes and the three parts, in us."""
+    def read(r: dict) -> str:
+        return f"{r['kernel_us']:.2f} ({r['path'].removeprefix('read-').removesuffix('-clean')})"
+
+    body = [[f"{f.shape.m}x{f.shape.k}x{f.shape.l}", f"{f.nbytes / 1e6:.1f}", read(f.dirty), read(f.clean),
+             *(f"{x:.2f}" for x in (f.streaming_us, f.fixed_us, f.writeback_us))] for f in floors(rows)]
+    header = ["shape", "MB", "after the usual flush", "after a clean flush", "bytes over bandwidth",
+              "fixed cost of a call", "write-back of the flush"]
+    return text_table(header, body, left=1) if body else "(no shape was read after both flushes)"
 
 
 def ceiling_table(rows: Iterable[dict]) -> str:
     """Per size and flush: each read's leaderboard time (the mean, as the leaderboard reports it, and the
     median) and kernel time (us), and the fastest read by leaderboard time (mean) with its bandwidth."""
-    reads = [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
-             and r.get("status") == "ok"]
+    reads = read_rows(rows)
     names = list(dict.fromkeys(r["path"].removeprefix("read-").removesuffix("-clean") for r in reads))
     groups: dict = {}
     for r in reads:

@@ -9,7 +9,7 @@ time (each call with the GPU idle: host cost included). In the same run it measu
 streaming-read ceilings of the same byte counts (`ceilings.read_ceilings`: the best of a CuTe
 (`ceilings.StreamRead`), a Triton and a PyTorch read), against which each kernel is
 judged: "% of best read" is the best read's time as a percentage of the kernel's, per measure.
-``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`bench_report.write_csv`).
+``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`report.write_csv`).
 
 Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
 ``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
@@ -25,17 +25,19 @@ import argparse
 import dataclasses
 import sys
 
-from nvfp4lib.bench.timing import cell_text
-from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
 from nvfp4lib.contract import NVFP4InputError
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
 from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
+from nvfp4lib.bench.report import context_fields, write_csv
+from nvfp4lib.bench.timing import FLUSHES, cell_text
+from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
+from nvfp4lib.device import capabilities, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
-DEFAULT_CONFIGS = ("default",)  # the per-K choice of cute_gemv.default_config
+DEFAULT_CONFIGS = ("default",)  # the per-K choice of nvfp4lib.cute.gemv.default_config
 
 
 def parse_tiled_config(text: str) -> TiledConfig:
@@ -76,10 +78,8 @@ def parse_config(text: str) -> FastConfig | TiledConfig:
                          decode=decode[-1] if decode else "auto", prefetch=prefetch[-1] if prefetch else 0,
                          lut_registers="reg" in flags,
                          **({"a_load": a_load} if a_load else {}))
-    except (ValueError, TypeError):
-        raise SystemExit(f"--configs: expected RxWxU[xB] such as 2x4x2x4, got {text!r}") from None
-    if 128 % cfg.rows_per_block or cfg.rows_per_warp > 32:
-        raise SystemExit(f"--configs: rows per block R*W must divide 128 (and R <= 32), got {text!r}")
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"--configs: expected RxWxU[xB] such as 2x4x2x4, got {text!r} ({err})") from None
     return cfg
 
 
@@ -151,22 +151,18 @@ def _refusal(kernel, data) -> str | None:
     return None
 
 
-FLUSHES = {"write": None, "clean": "clean"}  # --flush -> harness.measure's flush (None: each measure's own)
-READ_FLUSH = {"write": "dirty", "clean": "clean"}  # --flush -> the reads timed after the same flush
-
-
-def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: list[dict] | None = None,
+def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: list[dict] | None = None,
              device: str = "cuda") -> list[dict]:
     """Time every kernel at every shape -> rows in the benchmark CSV's schema (path: the kernel's name).
 
     Each row has kernel, leaderboard and host-visible time (`harness.timing_fields`) and
     kernel_pct_of_read / leaderboard_pct_of_read against the best streaming read of the same
     bytes after the same flush. `reads` are `ceilings.read_ceilings` rows of these shapes; None
-    measures them here (they are not part of the returned rows). `flush` "write" times as the
-    leaderboard does (leaderboard time with its own flush); "clean" flushes without dirty lines.
-    `device` other than "cuda" is for testing the logic (wall clock)."""
+    measures them here (they are not part of the returned rows). `flush` (`timing.FLUSHES`) "dirty"
+    times as the leaderboard does (leaderboard time with its own flush); "clean" flushes without
+    dirty lines. `device` other than "cuda" is for testing the logic (wall clock)."""
     if flush not in FLUSHES:
-        raise ValueError(f"flush: expected one of {tuple(FLUSHES)}, got {flush!r}")
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     if reads is None:
         reads = read_ceilings([("benchmark", s) for s in shapes], clean=flush == "clean", large=False,
                               reps=reps, device=device, log=print)
@@ -181,13 +177,13 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
                 continue
             kernel(data)  # compiles on first use, outside the timings
             n = reps if name != kernel_name("naive") else max(3, reps // 20)
-            timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=FLUSHES[flush])  # noqa: B023
+            timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=flush)  # noqa: B023
             computes = kernel.cfg is None or kernel.cfg.compute
             note = f"flush {flush}" + ("" if computes else "; loads only: not checked")
             row = dict(path=name, kind="nvfp4lib", label=name,
                        shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
-                       flush=READ_FLUSH[flush], **timing_fields(timings, nbytes))
-            row.update(percent_of_read(row, reads, READ_FLUSH[flush]))
+                       flush=flush, **timing_fields(timings, nbytes))
+            row.update(percent_of_read(row, reads, flush))
             rows.append(row)
             print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
                   f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
@@ -198,13 +194,13 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "write", reads: l
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.cute_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
                         help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., per-K ones wCxQxS..., or 'default'")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
-    parser.add_argument("--flush", nargs="+", default=["write"], choices=list(FLUSHES),
-                        help="L2 flush before each timed call: 'write' as the leaderboard (leaves dirty "
+    parser.add_argument("--flush", nargs="+", default=["dirty"], choices=FLUSHES,
+                        help="L2 flush before each timed call: 'dirty' as the leaderboard (leaves dirty "
                              "lines whose write-back competes with the kernel), 'clean' (no write-back)")
     parser.add_argument("--csv", help="write the reads and the timings here (the benchmark CSV's columns)")
     args = parser.parse_args(argv)
@@ -213,8 +209,9 @@ def main(argv=None) -> int:
 
     caps = capabilities()
     print(caps.summary())
-    if not caps.cuda or not caps.cute_dsl:
-        print("needs a CUDA GPU and CuTe DSL (nvidia-cutlass-dsl); nothing to time here")
+    why_not = missing(caps, "cuda", "cute_dsl")
+    if why_not is not None:
+        print(f"{why_not}; nothing to time here")
         return 0
     kernels = list(variants(args.configs))
     ok = args.no_check or check_all(kernels, TEST_SHAPES + EXTRA_SHAPES, seed=0)

@@ -14,7 +14,7 @@ The leaderboard's benchmark, as its harness runs it (`benchmark_case`, `run_mode
   (`combine_seed`), so that the public seeds say nothing about the data;
 * one obligatory check first: the kernel on a clone of a fresh input, checked against a copy the
   kernel never saw;
-* then leaderboard time (`bench.leaderboard_time`) until the mode's stopping rule says stop.
+* then leaderboard time (`timing.leaderboard_time`) until the mode's stopping rule says stop.
   Benchmark mode calls the kernel on that one input again and again, unchecked. Ranked mode (the
   harness's "leaderboard" mode) advances the seed by 13 and makes a new input before every timed
   call, gives the kernel that input (its c poisoned with NaN, untimed, as everywhere in the
@@ -38,9 +38,11 @@ from typing import Callable, Iterable, NamedTuple, Sequence
 import torch
 
 from nvfp4lib import reference
-from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
-                            Timing, gbps, leaderboard_time, time_host_visible, time_kernel)
+from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, FLUSHES, MEASURES, RANKED_RULE,
+                                   RANKED_WARMUP_RULE, StoppingRule, Timing, gbps, leaderboard_time, per_call_us,
+                                   time_column, time_host_visible, time_kernel)
 from nvfp4lib.contract import Shape
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.leaderboard.submission_file import load_submission
 
@@ -125,7 +127,7 @@ def check_bound(bind: Callable, data, *, against=None, check: Callable | None = 
 
     `bind(clone)` returns the zero-argument call to check (and later to time, on the same clone);
     its c is poisoned first. The output is checked with `check(output, against)` (default
-    `reference.check`, rtol = atol = 1e-3) where `against` defaults to `data`, which the call
+    `reference.check`, at `reference.TOLERANCE`) where `against` defaults to `data`, which the call
     never sees."""
     given = clone_input(data)
     *_, c = given
@@ -143,41 +145,39 @@ def check_once(kernel: Callable, data, *, against=None, check: Callable | None =
 # ---------------------------------------------------------------------------------------------
 # Timing a bound call
 
-MEASURES = ("kernel", "leaderboard", "host-visible")
-
-
 def measure(fn: Callable[[], object], measures: Sequence[str] = MEASURES, *, rule: StoppingRule = BENCHMARK_RULE,
-            warmup: int = 10, reps: int = 100, flush: str | None = None) -> dict[str, Timing]:
+            warmup: int = 10, reps: int = 100, flush: str = "dirty") -> dict[str, Timing]:
     """Time `fn` (which should already have run once, e.g. in its check) -> {measure: Timing}.
 
     "kernel" and "host-visible" make `warmup` untimed then `reps` timed calls; "leaderboard" is
     the leaderboard's method in benchmark mode, `fn` again and again until `rule` says stop.
-    `flush=None` gives each its own L2 flush ("write" for the first two, the leaderboard's randn
-    for leaderboard time); a `bench.flush_l2` mode uses that one for all three."""
+    `flush` is one of `timing.FLUSHES`: "dirty" gives each its own flush (`timing.flush_l2` "dirty"
+    for the first two, the leaderboard's randn for leaderboard time), "clean" a clean one to all."""
     unknown = [m for m in measures if m not in MEASURES]
     if unknown:
         raise ValueError(f"measures: expected names from {MEASURES}, got {unknown}")
+    if flush not in FLUSHES:
+        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     timers = {
-        "kernel": lambda: time_kernel(fn, warmup=warmup, reps=reps, flush=flush or "write"),
-        "leaderboard": lambda: leaderboard_time(fn, rule, flush=flush or "leaderboard"),
-        "host-visible": lambda: time_host_visible(fn, warmup=warmup, reps=reps, flush=flush or "write"),
+        "kernel": lambda: time_kernel(fn, warmup=warmup, reps=reps, flush=flush),
+        "leaderboard": lambda: leaderboard_time(fn, rule, flush="leaderboard" if flush == "dirty" else flush),
+        "host-visible": lambda: time_host_visible(fn, warmup=warmup, reps=reps, flush=flush),
     }
     return {m: timers[m]() for m in measures}
 
 
 def timing_fields(timings: dict[str, Timing], nbytes: int | None = None) -> dict:
-    """The benchmark CSV's columns of these timings: <measure>_us (leaderboard time: the mean, as
-    the leaderboard reports it; kernel and host-visible time: the median), _p10_us, _p90_us,
-    _reps, and with `nbytes` _gbps; leaderboard time also its _std_us and _err_us; host_us from
-    host-visible time."""
+    """The benchmark CSV's columns of these timings (`timing.time_column`): <measure>_us, the time per
+    call its statistic gives (`timing.per_call_us`: the mean of leaderboard time, as the leaderboard
+    reports it; the median of kernel and host-visible time), _p10_us, _p90_us, _reps, and with `nbytes`
+    _gbps; leaderboard time also its _std_us and _err_us; host_us from host-visible time."""
     fields = {}
     for name, t in timings.items():
-        prefix = name.replace("-", "_")
-        us = t.mean_us if name == "leaderboard" else t.median_us
-        fields.update({f"{prefix}_us": us, f"{prefix}_p10_us": t.p10_us, f"{prefix}_p90_us": t.p90_us,
-                       f"{prefix}_reps": t.n})
+        us = per_call_us(t, name)
+        fields.update({time_column(name): us, time_column(name, "p10_us"): t.p10_us,
+                       time_column(name, "p90_us"): t.p90_us, time_column(name, "reps"): t.n})
         if nbytes is not None:
-            fields[f"{prefix}_gbps"] = gbps(nbytes, us)
+            fields[time_column(name, "gbps")] = gbps(nbytes, us)
         if name == "leaderboard":
             fields.update(leaderboard_std_us=t.std_us, leaderboard_err_us=t.err_us)
         if name == "host-visible":
@@ -210,15 +210,6 @@ class Outcome:
     checked: int  # results checked against the reference (1 + one per timed call in ranked mode)
 
 
-def describe_error(err: BaseException, limit: int | None = None) -> str:
-    """The exception as 'Type: message'; with `limit`, the message's first line only, cut to `limit` characters."""
-    text = str(err).strip()
-    if limit is not None:
-        text = (text.splitlines() or [""])[0]
-        text = text if len(text) <= limit else text[:limit - 3] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
-
-
 def benchmark_case(kernel: Callable, case: Case, *, ranked: bool = False, rule: StoppingRule = BENCHMARK_RULE,
                    make_input: Callable | None = None, check: Callable | None = None,
                    time_call: Callable | None = None, clock: Callable[[], float] | None = None) -> Outcome:
@@ -228,7 +219,7 @@ def benchmark_case(kernel: Callable, case: Case, *, ranked: bool = False, rule: 
     judges a result (default `reference.check`). First the obligatory check on a clone, then
     leaderboard time: on the same input (`ranked=False`) or, with `ranked`, on a new input with
     the seed advanced by RANKED_SEED_STEP before every call, each result checked against a copy
-    of its input. `time_call` and `clock` go to `bench.leaderboard_time` (fakes in tests)."""
+    of its input. `time_call` and `clock` go to `timing.leaderboard_time` (fakes in tests)."""
     make_input = make_input or leaderboard_input
     check = check or reference.check
     checked = 0

@@ -176,10 +176,9 @@ def _shown(path: Path) -> str:
 # ------------------------------------------------------------------------------ colours
 
 # One colour per kernel path, the same in every figure and on every machine. Keys are the names of
-# nvfp4lib.paths (and the two entry points); `path_key` also reads the spellings of CSVs written
-# before those names ("cute-fast", "peer-bf16", the dispatcher's old "cute"), so they keep their
-# colour. Families share a hue: CuTe blues, torch._scaled_mm reds and oranges, the entry points
-# green and purple, peers greys and light greens.
+# nvfp4lib.bench.peers.all_paths() (the package's paths and the peers) and of the two entry points.
+# Families share a hue: CuTe blues, torch._scaled_mm reds and oranges, the entry points green and
+# purple, peers greys and light greens.
 PATH_COLORS = {
     "cute_fast": "#1f77b4",
     "cute_naive": "#aec7e8",
@@ -200,22 +199,13 @@ PATH_COLORS = {
     "triton_nvfp4_bits": "#dbdb8d",
     "triton_dot_scaled": "#c5b0d5",
 }
-_PATH_ALIASES = {"cute": "cute_fast", "scaled_mm": "scaled_mm_permuted", "cute_graph": "cute_fast_graph"}
 # Names outside PATH_COLORS get a colour from another palette, picked by a checksum of the name.
 _FALLBACK_COLORS = tuple(matplotlib.colors.to_hex(c) for c in matplotlib.colormaps["tab20b"].colors)
-
-
-def path_key(name: str) -> str:
-    """A path name in one spelling: lower case, '_' for '-', the spellings of older CSVs mapped to the
-    names of nvfp4lib.paths."""
-    key = name.strip().lower().replace("-", "_")
-    return _PATH_ALIASES.get(key, key)
 
 
 def path_color(name: str) -> str:
     """The colour of path `name` (hex): fixed for the workbook's paths, else chosen from the name
     alone, so it never depends on which other paths a figure draws or in what order."""
-    key = path_key(name)
-    if key in PATH_COLORS:
-        return PATH_COLORS[key]
-    return _FALLBACK_COLORS[zlib.crc32(key.encode()) % len(_FALLBACK_COLORS)]
+    if name in PATH_COLORS:
+        return PATH_COLORS[name]
+    return _FALLBACK_COLORS[zlib.crc32(name.encode()) % len(_FALLBACK_COLORS)]

@@ -8,9 +8,7 @@ back to back), leaderboard time (the mean, timed as the public harness does: its
 GPU busy, so host cost is hidden) and host-visible time (median, the GPU idle at each call, host
 cost included). The ceiling of a path is the best streaming read of exactly its bytes
 (nvfp4lib.bench.ceilings) where the results have one, else the device-to-device copy bandwidth; every
-table and figure says which. A CSV of an older run, written before leaderboard time was
-measured, called its host-visible time "leaderboard": `load_results` files it under host-visible
-time and the tables and figures label it "host-visible (older run)".
+table and figure says which. A score (a speed-up, the bars of the figure) compares leaderboard time.
 """
 
 from __future__ import annotations
@@ -21,11 +19,10 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from nvfp4lib.bench.timing import cell_text, gbps, geomean, percent, text_table
-from nvfp4lib.bench.ceilings import best_reads, percent_of_read
+from nvfp4lib.bench.ceilings import best_reads, percent_of_read, read_rows
+from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, percent, text_table, time_column
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
-from nvfp4lib.bench.harness import MEASURES
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
 
@@ -49,16 +46,11 @@ COLUMNS = (
 leaderboard_us the mean (as the leaderboard reports it) with its std and standard error (the streaming reads
 also give its median, leaderboard_median_us); host_us is the
 CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
-as a percentage of the row's time by that measure. status: ok | inexact (outside rtol = atol = 1e-3,
+as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
 and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
 "read-<name>-clean" of nvfp4lib.bench.ceilings (timed like a path; flush "dirty" or "clean")."""
 
-# An older run's CSV has no host_visible_us column: what it called leaderboard time was host-visible
-# time (each call after a synchronize, the GPU idle). `load_results` moves those columns here.
-OLDER_RUN_COLUMNS = {"leaderboard_us": "host_visible_us", "leaderboard_p10_us": "host_visible_p10_us",
-                     "leaderboard_p90_us": "host_visible_p90_us", "leaderboard_reps": "host_visible_reps"}
-OLDER_RUN_DROPPED = ("leaderboard_gbps", "leaderboard_pct_of_copy")  # of that host-visible time: cleared, not kept
 
 
 def device_slug(caps: Capabilities | None = None) -> str:
@@ -120,19 +112,9 @@ def _parse(column: str, text: str):
 
 
 def load_results(path: Path | str) -> list[dict]:
-    """The rows of a suite CSV with numbers as numbers and empty cells as None. The CSV of an
-    older run (no host_visible_us column) has its host-visible time, which it called leaderboard
-    time, moved to the host_visible_* columns, and no leaderboard time."""
+    """The rows of a suite CSV (`COLUMNS`) with numbers as numbers and empty cells as None."""
     with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        rows = [{c: _parse(c, v) for c, v in row.items()} for row in reader]
-        older = "host_visible_us" not in (reader.fieldnames or ()) and "leaderboard_us" in (reader.fieldnames or ())
-    if older:
-        for row in rows:
-            for old, new in OLDER_RUN_COLUMNS.items():
-                row[new], row[old] = row[old], None
-            row.update(dict.fromkeys(OLDER_RUN_DROPPED))
-    return rows
+        return [{c: _parse(c, v) for c, v in row.items()} for row in csv.DictReader(f)]
 
 
 def find_results(slug: str | None = None) -> Path | None:
@@ -161,19 +143,7 @@ def results_source(path: Path | str, rows: list[dict]) -> str:
 
 # ------------------------------------------------------------------------------ measures and ceilings
 
-STATISTIC = {"kernel": "median", "leaderboard": "mean", "host-visible": "median"}  # the figure each measure reports
-OLDER_RUN_NOTE = ("older run: these results predate leaderboard time; what they called leaderboard time was "
-                  "host-visible time (each call after a synchronize, the GPU idle, host cost included), "
-                  "shown here as host-visible (older run)")
-
-
-def time_column(measure: str) -> str:
-    """The CSV column of a measure's time (harness.MEASURES): "host-visible" -> "host_visible_us"."""
-    if measure not in MEASURES:
-        raise ValueError(f"measure: expected one of {MEASURES}, got {measure!r}")
-    return f"{measure.replace('-', '_')}_us"
-
-
+SCORE_MEASURE = "leaderboard"  # what a score compares: leaderboard time, the public harness's figure
 def _ceiling(rows: list[dict], name: str) -> float | None:
     return next((r["kernel_gbps"] for r in rows if r.get("path") == name and r.get("kind") == "ceiling"), None)
 
@@ -182,33 +152,16 @@ def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if r.get("kind") != "ceiling" and r.get("status") in ("ok", "inexact")]
 
 
+def benchmark_rows(rows: list[dict], path: str) -> dict[Shape, dict]:
+    """{shape: row} of path `path` at the benchmark shapes, where it ran (checked: ok or inexact)."""
+    return {Shape(r["m"], r["k"], r["l"]): r for r in _timed(rows)
+            if r["path"] == path and r["shape_set"] == "benchmark"}
+
+
 def measures_in(rows: list[dict]) -> list[str]:
-    """The measures (harness.MEASURES, in that order) that some timed path of `rows` has a time for."""
+    """The measures (timing.MEASURES, in that order) that some timed path of `rows` has a time for."""
     timed = _timed(rows)
     return [m for m in MEASURES if any(r.get(time_column(m)) is not None for r in timed)]
-
-
-def is_older_run(rows: list[dict]) -> bool:
-    """True for the results of an older run: host-visible time and no leaderboard time (`load_results`)."""
-    present = measures_in(rows)
-    return "host-visible" in present and "leaderboard" not in present
-
-
-def score_measure(rows: list[dict]) -> str:
-    """The measure a score compares: leaderboard time; host-visible time in an older run, which has no other."""
-    return "host-visible" if is_older_run(rows) else "leaderboard"
-
-
-def measure_label(measure: str, rows: list[dict]) -> str:
-    """A measure's name in a table or figure; host-visible time of an older run says so."""
-    time_column(measure)  # checks the name
-    return measure + (" (older run)" if measure == "host-visible" and is_older_run(rows) else "")
-
-
-def read_rows(rows: list[dict]) -> list[dict]:
-    """The streaming reads of nvfp4lib.bench.ceilings in `rows` that ran."""
-    return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
-            and r.get("status") == "ok"]
 
 
 def ceiling_note(rows: list[dict]) -> str:
@@ -243,16 +196,15 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
     ceiling, and the speed-up over each peer.
 
     GB/s and % of the ceiling come from kernel time (what the memory system sustained); speed-ups
-    from leaderboard time (what a score compares; host-visible time in an older run). The geomean
-    over the benchmark shapes is the score. The notes under the tables name the ceiling."""
+    from leaderboard time (what a score compares). The geomean over the benchmark shapes is the
+    score. The notes under the tables name the ceiling."""
     timed = _timed(rows)
-    measures, score = measures_in(rows), time_column(score_measure(rows))
+    measures, score = measures_in(rows), time_column(SCORE_MEASURE)
     reads = read_rows(rows)
     peer_names = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
     peer_time = {(r["path"], r["m"], r["k"], r["l"]): r.get(score) for r in timed if r["kind"] == "peer"}
-    header = ["path", "shape", *(f"{measure_label(m, rows)} us" for m in measures), "host us", "GB/s",
-              "% read" if reads else "% copy",
-              *(f"x {n.removeprefix('peer_').removeprefix('peer-')}" for n in peer_names)]
+    header = ["path", "shape", *(f"{m} us" for m in measures), "host us", "GB/s", "% read" if reads else "% copy",
+              *(f"x {n.removeprefix('peer_')}" for n in peer_names)]
     out = []
     cpu = any(r.get("timing") == "wall" for r in timed)
     for shape_set in shape_sets:
@@ -273,9 +225,8 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
         if shape_set == "benchmark":
             out += [geomean_table(chosen), ""]
     if out:
-        labels = {m: measure_label(m, rows) for m in measures}
-        out.append("us per call: " + ", ".join(f"{labels[m]} the {STATISTIC[m]}" for m in measures)
-                   + (f"; x <peer>: the peer's {labels[score_measure(rows)]} time / this path's" if peer_names else ""))
+        out.append("us per call: " + ", ".join(f"{m} the {STATISTIC[m]}" for m in measures)
+                   + (f"; x <peer>: the peer's {SCORE_MEASURE} time / this path's" if peer_names else ""))
         copy = _ceiling(rows, "copy")
         if reads:
             out.append("% read: the best streaming read of the same bytes after the same flush (nvfp4lib.bench.ceilings), "
@@ -283,8 +234,6 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
         elif copy:
             out.append(f"% copy: of the measured device-to-device copy, {copy:.0f} GB/s "
                        "(these results have no streaming reads)")
-        if is_older_run(rows):
-            out.append(OLDER_RUN_NOTE)
     return "\n".join(out).rstrip()
 
 
@@ -309,9 +258,8 @@ def overhead_table(rows: list[dict], l: int = 1) -> str:
                      *("-" if t is None else f"{t * bw * 1e3 / 1e6:.3g} MB" for t in fixed)])  # bytes moved at bw in t
     if not body:
         return f"(no path has two or more sweep sizes at L = {l})"
-    labels = [measure_label(m, rows) for m in measures]
-    return text_table(["path", "smallest", *(f"{t} us" for t in labels), "largest", "GB/s (kernel)",
-                       *(f"break-even, {t}" for t in labels)], body)
+    return text_table(["path", "smallest", *(f"{m} us" for m in measures), "largest", "GB/s (kernel)",
+                       *(f"break-even, {m}" for m in measures)], body)
 
 
 def geomean_table(rows: list[dict]) -> str:
@@ -327,7 +275,7 @@ def geomean_table(rows: list[dict]) -> str:
         times = [[r.get(time_column(m)) for r in mine] for m in measures]
         body.append([name, f"{len(mine)} shapes",
                      *(cell_text(geomean(t) if None not in t else None, ".1f") for t in times)])
-    return text_table(["geomean", "over", *(f"{measure_label(m, rows)} us" for m in measures)], body)
+    return text_table(["geomean", "over", *(f"{m} us" for m in measures)], body)
 
 
 # ------------------------------------------------------------------------------ figures
@@ -415,9 +363,7 @@ def roofline_figure(rows: list[dict]):
         _bytes_axis(ax)
         ax.set_yscale("log")
         ax.set_xlabel("bytes per call (A, B, scales, c)")
-        older = measure_label(mode, rows) != mode
-        ax.set_title(_PANEL_TITLES[mode] + ("\nolder run: the column it called leaderboard time" if older else ""),
-                     fontsize=9)
+        ax.set_title(_PANEL_TITLES[mode], fontsize=9)
         ax.grid(True, which="both", alpha=0.25)
     axes[0].set_ylabel("time per call (us), L2 flushed")
     handles = [Line2D([], [], color=c, marker="o", ms=5, lw=2, label=labels[n]) for n, c in colors.items()]
@@ -436,8 +382,8 @@ def roofline_figure(rows: list[dict]):
 
 
 def bars_figure(rows: list[dict]):
-    """Every path and peer at the benchmark shapes: leaderboard time (host-visible time in an older
-    run) as bars, kernel time as dots, host-visible time as crosses, and per shape the ceiling."""
+    """Every path and peer at the benchmark shapes: leaderboard time as bars, kernel time as dots,
+    host-visible time as crosses, and per shape the ceiling."""
     import matplotlib.pyplot as plt
 
     timed = [r for r in _timed(rows) if r["shape_set"] == "benchmark"]
@@ -445,11 +391,10 @@ def bars_figure(rows: list[dict]):
     shapes = list(dict.fromkeys((r["m"], r["k"], r["l"]) for r in timed))
     names = list(colors)
     copy = _ceiling(rows, "copy")
-    score = score_measure(rows)
+    score = SCORE_MEASURE
     column = time_column(score)
-    crosses = score != "host-visible" and "host-visible" in measures_in(rows)
-    reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(read_rows(rows), measure_name=score).values()
-             } if score in ("kernel", "leaderboard") else {}
+    crosses = "host-visible" in measures_in(rows)
+    reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(read_rows(rows), measure_name=score).values()}
     fig, ax = plt.subplots(figsize=(max(7, 1.2 + 0.45 * len(names) * max(1, len(shapes))), 5))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):
@@ -484,7 +429,7 @@ def bars_figure(rows: list[dict]):
     ax.set_xticks(range(len(shapes)),
                   [f"{m}x{k}x{l}\n{bytes_moved(Shape(m, k, l)) / 1e6:.1f} MB" for m, k, l in shapes])
     ax.set_yscale("log")
-    ax.set_ylabel(f"us per call (bars: {measure_label(score, rows)} time, {STATISTIC[score]})")
+    ax.set_ylabel(f"us per call (bars: {score} time, {STATISTIC[score]})")
     ax.set_title(f"All paths and peers at the benchmark shapes: {_device_title(rows)}\n{ceiling_note(rows)}",
                  fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.25)

@@ -31,16 +31,18 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib.bench.timing import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
+from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.harness import check_bound, measure, timing_fields
+from nvfp4lib.bench.peers import all_paths
+from nvfp4lib.bench.plots import declare_mode
 from nvfp4lib.bench.report import (BENCH_DIR, CPU_NOTE, context_fields, device_slug, load_results, make_figures,
                                    save_figures, shape_text, summary_table, write_csv)
-from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.timing import BENCHMARK_RULE, StoppingRule, copy_bandwidth_gbps, percent, reduction_bandwidth_gbps
 from nvfp4lib.contract import Shape, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.dispatch import custom_kernel, explain
-from nvfp4lib.bench.harness import check_bound, describe_error, measure as measure_timings, timing_fields
-from nvfp4lib.paths import GemvPath, PATHS
-from nvfp4lib.bench.plots import declare_mode
+from nvfp4lib.messages import describe_error, first_line
+from nvfp4lib.paths import GemvPath
 from nvfp4lib.problem import BENCHMARK_SHAPES, bytes_moved, generate_input
 
 
@@ -60,7 +62,7 @@ class BenchPath:
     """One way to compute the GEMV. `bind(data)` does any untimed preparation and returns the
     zero-argument callable that is checked and timed; it returns c."""
 
-    name: str  # as in --only and the CSV: a name of nvfp4lib.paths, or "dispatch"
+    name: str  # as in --only and the CSV: a name of peers.all_paths(), or "dispatch"
     kind: str  # "nvfp4lib" or "peer"
     label: str
     bind: Callable
@@ -100,11 +102,11 @@ def _dispatch_path() -> BenchPath:
 
 
 def discover_paths(caps: Capabilities | None = None) -> tuple[list[BenchPath], list[tuple[str, str]]]:
-    """(paths of nvfp4lib.paths that can run here and the dispatcher, [(name, why not)] for the
-    others), nvfp4lib's paths first, then the peers; the exact reference is not timed."""
+    """(the paths of `peers.all_paths` that can run here and the dispatcher, [(name, why not)] for
+    the others), nvfp4lib's paths first, then the peers; the exact reference is not timed."""
     caps = caps or capabilities()
     found, skipped = [], []
-    for path in sorted(PATHS.values(), key=lambda p: p.kind != "nvfp4lib"):
+    for path in sorted(all_paths().values(), key=lambda p: p.kind != "nvfp4lib"):
         if path.kind == "yardstick":
             continue
         why = path.why_not_timed(caps, caps.cuda)
@@ -183,11 +185,6 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def _first_line(text: str, limit: int = 160) -> str:
-    line = (str(text).strip().splitlines() or [""])[0]
-    return line if len(line) <= limit else line[:limit - 3] + "..."
-
-
 def _warmup(reps: int) -> int:
     return min(10, reps)
 
@@ -201,7 +198,7 @@ def _reps_for(fn: Callable, plan: Plan) -> int:
     return max(plan.min_reps, min(plan.reps, int(plan.budget_s / per_call)))
 
 
-def measure(path: BenchPath, data, plan: Plan) -> dict:
+def check_and_time(path: BenchPath, data, plan: Plan) -> dict:
     """Check one path once (on a clone of `data`, c poisoned, judged against `data`), then time
     it on that clone three ways (nvfp4lib.bench.harness.measure); a row of the CSV (without context)."""
     row: dict = {"status": "ok", "note": ""}
@@ -211,18 +208,18 @@ def measure(path: BenchPath, data, plan: Plan) -> dict:
         return {"status": "error", "note": describe_error(e, 160)}
     row["max_abs_err"] = result.max_abs_err
     if not result.ok:  # still timed: a peer's accuracy is part of the comparison
-        row.update(status="inexact", note=_first_line(result.message.replace("\n", "; "), 300))
+        row.update(status="inexact", note=first_line(result.message.replace("\n", "; "), 300))
     try:
         reps = _reps_for(fn, plan)
         nbytes = bytes_moved(shape_of(data))
-        row.update(timing_fields(measure_timings(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
+        row.update(timing_fields(measure(fn, rule=plan.rule, warmup=_warmup(reps), reps=reps), nbytes))
     except Exception as e:  # noqa: BLE001
         return dict(row, status="error", note=f"while timing: {describe_error(e, 160)}")
     if row["status"] == "inexact":
         return row
     if path.describe is not None:
         try:
-            row["note"] = _first_line(path.describe(data))
+            row["note"] = first_line(path.describe(data), 160)
         except Exception:  # noqa: BLE001 - a description is optional
             pass
     return row
@@ -303,7 +300,8 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
             dict(common, path="reduction", kind="ceiling", label="row-sum reduction", shape_set="ceiling",
                  bytes=None, status="ok", kernel_gbps=reduction, note="read counted")]
     rows += [dict(common, **r) for r in reads]
-    rows += [dict(common, path=n, kind=PATHS[n].kind, label=PATHS[n].label,
+    registry = all_paths()
+    rows += [dict(common, path=n, kind=registry[n].kind, label=registry[n].label,
                   shape_set="-", status="skipped", note=why) for n, why in skipped]
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -315,7 +313,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
             for path in paths:
                 context = dict(common, path=path.name, kind=path.kind, label=path.label, shape_set=shape_set,
                                m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape))
-                row = dict(context, **measure(path, data, plan))
+                row = dict(context, **check_and_time(path, data, plan))
                 if row["status"] == "ok":
                     _add_ceilings(row, copy, reads)
                     row["note"] = "; ".join(filter(None, [row["note"], cpu_note]))
@@ -362,7 +360,7 @@ def is_failure(row: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.suite", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer sizes and repetitions")
     parser.add_argument("--out", type=Path, default=BENCH_DIR, help="folder for <device>.csv (default build/bench)")
     parser.add_argument("--only", nargs="+", metavar="PATH",

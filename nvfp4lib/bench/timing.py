@@ -35,7 +35,12 @@ from typing import Callable, Sequence
 
 import torch
 
-FLUSH_MODES = ("write", "clean", "leaderboard")
+FLUSH_MODES = ("dirty", "clean", "leaderboard")
+"""How `flush_l2` evicts the L2, named for what the next call finds there (see `flush_l2`)."""
+FLUSHES = ("dirty", "clean")
+"""The flush a measurement is made after, as the results' "flush" column says it: "dirty", each
+timer's own flush, which leaves dirty lines ("dirty" for kernel and host-visible time, "leaderboard"
+for leaderboard time); "clean", all of them after a "clean" flush."""
 FLUSH_FALLBACK_BYTES = 256 << 20  # used when the device does not report its L2 size
 LEADERBOARD_FLUSH_SHAPE = (1024, 1024, 1024)  # float32: the 4 GiB randn of the leaderboard's clear_l2_cache
 CPU_BANDWIDTH_BYTES = 16 << 20    # default size of the bandwidth probes without CUDA
@@ -68,6 +73,29 @@ class Timing:
         mean = "" if self.mean_us is None else f"mean {self.mean_us:.1f} +- {self.err_us:.2f}, "
         return (f"{self.median_us:.1f} us ({self.mode}, {mean}p10 {self.p10_us:.1f}, "
                 f"p90 {self.p90_us:.1f}, n={self.n}{host})")
+
+
+MEASURES = ("kernel", "leaderboard", "host-visible")  # the three ways a call is timed (module docstring)
+STATISTIC = {"kernel": "median", "leaderboard": "mean", "host-visible": "median"}
+"""The figure each measure reports per call: the mean for leaderboard time (the leaderboard's own
+figure), the median for the two teaching measures."""
+
+
+def _check_measure(measure: str) -> str:
+    if measure not in MEASURES:
+        raise ValueError(f"measure: expected one of {MEASURES}, got {measure!r}")
+    return measure
+
+
+def per_call_us(timing: Timing, measure: str) -> float:
+    """The time per call that `measure` reports from its `timing` (`STATISTIC`: mean or median)."""
+    return getattr(timing, f"{STATISTIC[_check_measure(measure)]}_us")
+
+
+def time_column(measure: str, field: str = "us") -> str:
+    """The results' column of a measure's `field` ("us", the time per call; "p10_us", "reps", "gbps",
+    ...): "host-visible" -> "host_visible_us"."""
+    return f"{_check_measure(measure).replace('-', '_')}_{field}"
 
 
 def summarize(mode: str, samples: Sequence[float], host: Sequence[float] | None = None) -> Timing:
@@ -138,11 +166,11 @@ def _flush_buffer(index: int) -> torch.Tensor:
     return buf
 
 
-def flush_l2(device=None, mode: str = "write") -> None:
+def flush_l2(device=None, mode: str = "dirty") -> None:
     """Evict the L2 so the next kernel reads its inputs from DRAM. A no-op without CUDA.
 
     The work is only enqueued: nothing here waits for the GPU.
-    mode "write" writes twice the L2's size; it leaves the L2 full of dirty lines, whose
+    mode "dirty" writes twice the L2's size; it leaves the L2 full of dirty lines, whose
     write-back to DRAM then competes with the next kernel's reads.
     mode "clean" also reads the buffer back, so the write-back happens here and the next
     kernel finds only clean lines: its time is then its own.
@@ -183,11 +211,11 @@ def _time_wall(fn: Callable[[], object], warmup: int, reps: int) -> Timing:
 
 
 def _flush_mode(flush: bool | str | None) -> str | None:
-    """flush=True means "write"; a string names a flush_l2 mode; False or None: no flush."""
+    """flush=True means "dirty"; a string names a flush_l2 mode; False or None: no flush."""
     if flush is False or flush is None:
         return None
     if flush is True:
-        return "write"
+        return "dirty"
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush: expected True, False or one of {FLUSH_MODES}, got {flush!r}")
     return flush

@@ -37,15 +37,17 @@ import torch
 
 from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import BLOCK_SIZE, byte_view, validate_gemv_input
+from nvfp4lib.device import Capabilities, capabilities, missing
 from nvfp4lib.formats import E2M1_VALUES, decode_e4m3
+from nvfp4lib.messages import describe_error
 
 try:  # Triton is optional: the rest of the package works without it.
     import triton
     import triton.language as tl
     TRITON_IMPORT_ERROR = None
-except ImportError as missing:  # pragma: no cover - exercised on machines without Triton
+except ImportError as not_there:  # pragma: no cover - exercised on machines without Triton
     triton = tl = None
-    TRITON_IMPORT_ERROR = f"{type(missing).__name__}: {missing}"
+    TRITON_IMPORT_ERROR = describe_error(not_there)
 
 BLACKWELL = (10, 0)  # the first compute capability with block-scaled tensor-core MMAs
 DOT_N = 16  # MMA columns the vector is padded to (column 0 holds it)
@@ -62,26 +64,26 @@ DOT_SCALED_CONFIGS = (  # (BLOCK_M rows, BLOCK_K elements, num_warps, num_stages
 )
 
 
-def why_unavailable() -> str | None:
-    """Why `TritonGemv` cannot run here (None: Triton imports and a CUDA GPU is present)."""
+def why_unavailable(caps: Capabilities | None = None) -> str | None:
+    """Why `TritonGemv` cannot run here, or on the machine `caps` describes (None: Triton imports and
+    there is a CUDA GPU)."""
     if triton is None:
         return f"needs Triton (not installed: {TRITON_IMPORT_ERROR}); pip install triton"
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU"
-    return None
+    return missing(caps or capabilities(), "cuda")
 
 
-def dot_scaled_unavailable() -> str | None:
-    """Why `TritonDotScaledGemv` cannot run here (None: it can).
+def dot_scaled_unavailable(caps: Capabilities | None = None) -> str | None:
+    """Why `TritonDotScaledGemv` cannot run here, or on the machine `caps` describes (None: it can).
 
     Beyond `why_unavailable`: a Blackwell GPU (sm_100+), a Triton with ``tl.dot_scaled``, and one
     that compiles it for this GPU, with E4M3 scales per 16 elements (NVFP4; Triton's documented
     form is MX: E8M0 scales per 32), to the block-scaled MMA rather than an emulation.
     """
-    reason = why_unavailable()
+    caps = caps or capabilities()
+    reason = why_unavailable(caps)
     if reason is not None:
         return reason
-    major, minor = torch.cuda.get_device_capability()
+    major, minor = caps.sm
     if (major, minor) < BLACKWELL:
         return (f"needs sm_100 or newer (Blackwell's block-scaled tensor-core MMA behind tl.dot_scaled); "
                 f"this GPU is sm_{major}{minor}")
@@ -96,9 +98,8 @@ def _nvfp4_dot_scaled_problem(capability: int) -> str | None:
     try:
         ptx = compile_ptx("dot_scaled", capability)
     except Exception as err:  # noqa: BLE001 - any compiler failure means "cannot run"; the message is kept
-        first_line = (str(err).strip().splitlines() or [""])[0]
         return (f"Triton {triton.__version__} cannot compile tl.dot_scaled on e2m1 operands with float8e4nv "
-                f"scales per 16 elements (NVFP4) for sm_{capability}: {type(err).__name__}: {first_line}")
+                f"scales per 16 elements (NVFP4) for sm_{capability}: {describe_error(err, 400)}")
     if BLOCK_SCALED_MMA not in ptx:
         return (f"Triton {triton.__version__} compiles tl.dot_scaled with NVFP4 scales for sm_{capability} "
                 f"without the block-scaled MMA ({BLOCK_SCALED_MMA}): an emulation, not this peer")

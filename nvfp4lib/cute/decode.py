@@ -14,16 +14,16 @@ Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is co
 
 A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or
 in int32 (`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is
-folded into B's block scale. Plain Python helpers: a kernel calls them while it is traced, so they
-emit their instructions inline; `nvfp4lib.study.decode_models` models each of them bit for bit in numpy.
+folded into B's block scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers:
+a kernel calls them while it is traced, so they emit their instructions inline; the study wing
+(`nvfp4lib.study.decode_models`) models each of them bit for bit in numpy.
 """
 
 from __future__ import annotations
 
+from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, ld_shared_v2,
                                prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
-from nvfp4lib.study.decode_models import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
-
 
 
 def decode_factor(decode: str):

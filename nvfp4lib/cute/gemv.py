@@ -15,7 +15,7 @@ The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so 
 is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once
 per chunk and reused for all rows of the warp. The loads of the next step are issued before the
 math of the current one. Each 16-element block is summed exactly (packed fp16, or int32 with the
-lookup: see ``cute_decode.chunk_dots``), then scaled and accumulated in fp32, reduced over the
+lookup: see `nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the
 warp with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64
 contiguous bytes per warp load); the permuted tensor-core layout is an option, slower for this
 access pattern (docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a
@@ -47,13 +47,13 @@ from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_
 from nvfp4lib.cute.decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
                                   decode_word_hw, lut_table, lut_table_smem, store_lut_table)
 from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
-                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if,
-                               ld_shared_v2, ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
+                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
+                               ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
-MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; the tiled configs and cute_bench's keep to it too
+MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; FastConfig and TiledConfig keep to it too
 MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
 """Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
 size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
@@ -73,6 +73,15 @@ class FastConfig:
     decode: str = "auto"  # FP4 decode: "hw" (sm_100a+), "lut" or "bitops" (any); "auto" picks per target
     prefetch: int = 0  # steps ahead whose A rows are prefetched into L2 (bulk prefetch, sm_90+); 0: none
     lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
+
+    def __post_init__(self):
+        if min(self.rows_per_warp, self.warps_per_block, self.unroll, self.blocks_per_sm) < 1 or self.prefetch < 0:
+            raise ValueError(f"FastConfig: expected rows_per_warp, warps_per_block, unroll and blocks_per_sm >= 1 and "
+                             f"prefetch >= 0, got {self}")
+        if MAX_ROWS_PER_BLOCK % self.rows_per_block or self.rows_per_warp > 32:
+            raise ValueError(f"rows_per_warp x warps_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} with at "
+                             f"most 32 rows per warp (a lane writes each), got {self.rows_per_warp} x "
+                             f"{self.warps_per_block}")
 
     @property
     def rows_per_block(self) -> int:
@@ -115,7 +124,7 @@ def _stage_snapshot(stage):
 
 
 def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
-    """acc[r] += the dot products of chunk u of one step (``cute_decode.chunk_dots``)."""
+    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.chunk_dots`)."""
     a, sfa, b, sfb = values
     b_dec = []
     for w in range(4):
@@ -316,9 +325,15 @@ def _tile_loads(stage, a_base, sfa_base, kh, row, seg, segs, n_chunks, lane, cfg
         for i in range(4):
             a_buf[4 * u + i] = words[i]
         sfa_buf[u] = ld_global_u16_if(sfa_base + (row * (kh // 8) + col * 2), ok)
-        wrap = Int32(seg + 1 == segs)
-        seg, row = seg + 1 - wrap * segs, row + wrap
+        seg, row = _next_segment(seg, row, segs)
     return row, seg
+
+
+def _next_segment(seg, row, segs):
+    """(segment, row) after segment `seg` of row `row`: a warp runs on from a row's last segment into
+    the next row's first."""
+    wrap = Int32(seg + 1 == segs)
+    return seg + 1 - wrap * segs, row + wrap
 
 
 def make_tiled_kernel(cfg: TiledConfig, decode: str):
@@ -349,8 +364,10 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
         smem = smem_allocator()
         b_addr = smem.allocate_array(Int32, TILED_B_WORDS * max_chunks, byte_alignment=16).toint()
         s_addr = smem.allocate_array(Float32, 2 * max_chunks, byte_alignment=16).toint()
-        table, table_addr = None, lut_table_smem(smem)
-        table_in_registers = cfg.lut_registers and decode == "lut"
+        table = None
+        table_in_registers = cfg.lut_registers and decode == "lut" and cfg.compute
+        if cutlass.const_expr(table_in_registers):  # the table's shared memory only where it is used
+            table_addr = lut_table_smem(smem)
         if cutlass.const_expr(cfg.compute):
             if cutlass.const_expr(table_in_registers):
                 if tidx < 32:
@@ -396,8 +413,7 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                     if lane == 0 and row < RW:
                         c[m0 + row, 0, batch] = total.to(Float16)
                     acc = Float32(0.0)
-                wrap = Int32(seg + 1 == segs)
-                seg, row = seg + 1 - wrap * segs, row + wrap
+                seg, row = _next_segment(seg, row, segs)
 
     return kernel
 
@@ -519,6 +535,30 @@ def has_tvm_ffi() -> bool:
     return True
 
 
+def compile_target(arch: str | None = None) -> str:
+    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
+    Raises RuntimeError where the DSL cannot build the kernels or there is no target."""
+    if DSL_PROBLEM is not None:
+        raise RuntimeError(DSL_PROBLEM)
+    arch = arch or capabilities().cute_arch
+    if arch is None:
+        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    return arch
+
+
+def compile_launch(launch, example_args, arch: str | None = None, options: str = "", tvm_ffi: bool | None = None):
+    """``cute.compile`` of a ``@cute.jit`` function ``launch(*example_args, stream)`` for `arch`
+    (`compile_target`), no GPU needed: every CuTe kernel of the workbook is compiled here. For
+    TVM-FFI calls where apache-tvm-ffi is installed (or as `tvm_ffi` says); `options` are extra
+    CuTe DSL compile options."""
+    arch = compile_target(arch)
+    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: compile_target checked it
+
+    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    return cute.compile(launch, *example_args, make_fake_stream(),
+                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
                  options: str = "", tvm_ffi: bool | None = None):
     """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
@@ -529,14 +569,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
     apache-tvm-ffi is installed.
     """
-    if DSL_PROBLEM is not None:
-        raise RuntimeError(DSL_PROBLEM)
-    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: DSL_PROBLEM is None
-
-    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
-    arch = arch or capabilities().cute_arch
-    if arch is None:
-        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    arch = compile_target(arch)
     decode = resolve_decode(arch, cfg.decode)
     if variant == "fast" and isinstance(cfg, TiledConfig):
         kernel = make_tiled_kernel(cfg, decode)
@@ -562,8 +595,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
         n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
         kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    return cute.compile(launch, *[Int64(0)] * 5, *[Int32(1)] * 3, make_fake_stream(),
-                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+    return compile_launch(launch, [Int64(0)] * 5 + [Int32(1)] * 3, arch, options, tvm_ffi)
 
 
 def check_launch_bounds(shape) -> None:
@@ -589,13 +621,13 @@ def launch_arguments(pointers, kh: int, m: int, l: int, tvm_ffi: bool) -> tuple:
     return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
 
 
-def stream_argument(handle: int, tvm_ffi: bool):
-    """The CUDA stream as a compiled kernel takes it: the raw handle through TVM-FFI, else a CUstream."""
-    if tvm_ffi:
-        return handle
+@functools.cache
+def cu_stream():
+    """The driver's CUstream type: the CUDA stream as the DSL's plain call path takes it, ``cu_stream()(handle)``
+    (through TVM-FFI a kernel takes the raw handle). Imported once, not on every call."""
     from cuda.bindings.driver import CUstream
 
-    return CUstream(handle)
+    return CUstream
 
 
 def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
@@ -643,6 +675,7 @@ class CuteGemv:
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
         self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs
                          if not getattr(c, "per_k", False)} if caps.cuda else {}
+        self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream type
         self._prepared = TupleCache(cache_entries)
 
     def _kernel_for(self, cfg, k: int):
@@ -683,7 +716,7 @@ class CuteGemv:
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device, c = self._prepare(data)  # c is data's own: the cache keys on every tensor
         handle = current_stream_handle(device) if stream is None else stream.cuda_stream
-        fn(*args, handle if self.tvm_ffi else stream_argument(handle, False))
+        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
         return c
 
 

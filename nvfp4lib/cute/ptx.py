@@ -18,20 +18,23 @@ from __future__ import annotations
 
 from nvfp4lib.device import cute_dsl_version_problem
 
-try:  # the CuTe DSL is optional: everything else in the package works without it
+# The CuTe DSL is optional: everything else in the package works without it. (An exported file runs
+# this block among its imports, above every inlined function: it may use builtins only.)
+try:
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float16, Float32, Int16, Int32, Int64, Uint32
     from cutlass.cutlass_dsl import dsl_user_op
     DSL_IMPORT_ERROR = None
-except ImportError as missing:  # pragma: no cover - exercised on machines without the DSL
+except ImportError as not_there:  # pragma: no cover - exercised on machines without the DSL
     cutlass = cute = None
     Float16 = Float32 = Int16 = Int32 = Int64 = Uint32 = None  # only traced code uses them
-    DSL_IMPORT_ERROR = f"{type(missing).__name__}: {missing}"
+    DSL_IMPORT_ERROR = f"{type(not_there).__name__}: {not_there}"
 
     def dsl_user_op(op):
         """Without the DSL the ops are still defined, so this module imports; nothing can trace them."""
         return op
+
 
 def dsl_problem() -> str | None:
     """Why the installed CuTe DSL cannot build the kernels (None: it can)."""

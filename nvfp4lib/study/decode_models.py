@@ -1,8 +1,9 @@
 """Bit-exact numpy models of the CuTe kernels' FP4 decodes and of the fast kernel's arithmetic.
 
 Each device helper of `nvfp4lib.cute.decode` (and the PTX ops of `nvfp4lib.cute.ptx` under it) has
-its model here under the same name, with the same constants, checked against `nvfp4lib.formats`'
-exact decode for every byte and code (tests/test_decode_models.py); notebook 04 uses these models.
+its model here under the same name, with the kernels' own constants (`nvfp4lib.cute.constants`),
+checked against `nvfp4lib.formats`' exact decode for every byte and code
+(tests/test_decode_models.py); notebook 04 uses these models.
 
 The Blackwell build decodes FP4 with ``cvt.rn.f16x2.e2m1x2``, an sm_100a instruction that the
 H200 (sm_90) cannot run, so its numbers are modelled here, instruction by instruction, and checked
@@ -15,10 +16,10 @@ on any machine (tests/test_decode_models.py):
   f16 bit patterns from the E2M1 fields (sign, 2 exponent bits with bias 1, 1 mantissa bit); the
   tests compare them with ``formats.E2M1_VALUES`` for all 256 bytes.
 * `HW_BLOCK` is the hardware-decode kernel's pairing of A bytes, B bytes and scale bytes (what
-  `cute_decode.decode_word_hw` and `block_dot` and cute_gemv's chunk accumulation do with decode "hw");
-  `hw_pairing_from_ptx` reads the same pairing back from the operands of the sm_100a PTX (which
-  loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale half
-  multiplies which block sum).
+  `cute.decode.decode_word_hw` and `block_dot` and cute.gemv's chunk accumulation do with decode "hw");
+  the tests read the same pairing back from the operands of the sm_100a PTX (tests/ptx_pairing.py:
+  which loads feed which ``cvt``, which ``cvt`` results meet in which ``fma.rn.f16x2``, which scale
+  half multiplies which block sum).
 * `fast_kernel_model` computes what the fast kernel computes, lane by lane: block sums in packed
   fp16 (or dp4a integers), scale products and ``fma.rn.f32`` accumulation in the kernel's order,
   the butterfly shuffle reduction, the final rounding to fp16, for decode "hw" (sm_100a) and for the
@@ -33,21 +34,10 @@ replicates its sign bit when ``sel & 8``; ``dp4a.s32.s32`` adds the products of 
 
 from __future__ import annotations
 
-import re
-from collections import defaultdict
-
 import numpy as np
 import torch
 
-from nvfp4lib.study.ptx import instructions
-
-# The constants of the kernels' decodes (nvfp4lib.cute.decode traces them; the models here define them)
-FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size
-LUT_LO, LUT_HI = 0x03020100, 0x0C080604  # the lookup table: twice each E2M1 magnitude, 0, 1, 2, 3, 4, 6, 8, 12
-SIGN_BITS = 0x88888888  # the sign bit of each of the 8 codes of a word
-DECODE_FACTOR = {"hw": 1.0, "bitops": 16384.0, "lut": 0.25}
-"""What a block sum is multiplied by to be the true dot product: the bit trick decodes A to its value
-times 2^-14; the lookup decodes A and B to twice their values."""
+from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 
 WORDS_PER_CHUNK = 4  # a lane's 16-byte load: 4 words of 8 codes, two 16-code scale blocks
 WARP = 32
@@ -171,7 +161,7 @@ def dp4a(a, b, acc) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------
-# The three decodes of one 32-bit word of 8 codes (cute_decode's device helpers, modelled)
+# The three decodes of one 32-bit word of 8 codes (cute.decode's device helpers, modelled)
 
 
 HALF2_CODES = {"hw": ((0, 1), (2, 3), (4, 5), (6, 7)), "bitops": ((2, 6), (0, 4), (3, 7), (1, 5))}
@@ -189,12 +179,12 @@ def codes_in_order(halves4, decode: str) -> np.ndarray:
 
 
 def decode_word_hw(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
+    """`cute.decode.decode_word_hw`: one ``cvt.rn.f16x2.e2m1x2`` per byte; half2 i holds (code 2i, code 2i + 1)."""
     return [cvt_f16x2_e2m1x2(byte) for byte in unpack_bytes(word)]
 
 
 def decode_word_bitops(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
+    """`cute.decode.decode_word_bitops`: 4 half2 of value * 2^-14, codes (2, 6), (0, 4), (3, 7), (1, 5)."""
     x = np.asarray(word, dtype=np.uint32)
     even = ((x << 1) & 0x0E0E0E0E) | ((x << 4) & 0x80808080)
     odd = ((x >> 3) & 0x0E0E0E0E) | (x & 0x80808080)
@@ -202,14 +192,14 @@ def decode_word_bitops(word) -> list[np.ndarray]:
 
 
 def decode_b_word_bitops(word) -> list[np.ndarray]:
-    """`cute_decode.decode_b_word` without the hardware decode: the bit trick times half2(2^14, 2^14)
+    """`cute.decode.decode_b_word` without the hardware decode: the bit trick times half2(2^14, 2^14)
     with ``fma.rn.f16x2``, true values in the order of `decode_word_bitops`."""
     two14 = np.uint32(FP16X2_2_POW_14)
     return [fma_rn_f16x2(h, two14, 0) for h in decode_word_bitops(word)]
 
 
 def decode_word_lut(word) -> list[np.ndarray]:
-    """`cute_decode.decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative
+    """`cute.decode.decode_word_lut`: bytes 2|v| of the positive codes 0-3, 4-7, then of the negative
     ones (`prmt` from the table LUT_LO, LUT_HI)."""
     x = np.asarray(word, dtype=np.uint32)
     flipped = x ^ np.uint32(SIGN_BITS)
@@ -218,19 +208,19 @@ def decode_word_lut(word) -> list[np.ndarray]:
 
 
 def negate_bytes(v) -> np.ndarray:
-    """`cute_decode.negate_bytes`: -v per byte of a word, for bytes in [0, 128]."""
+    """`cute.decode.negate_bytes`: -v per byte of a word, for bytes in [0, 128]."""
     return ((np.uint32(0x80808080) - np.asarray(v, dtype=np.uint32)) ^ np.uint32(0x80808080)).astype(np.uint32)
 
 
 def decode_b_word_lut(word) -> list[np.ndarray]:
-    """`cute_decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
+    """`cute.decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
     return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi)]
 
 
 # ---------------------------------------------------------------------------------------------
-# One 16-code block and one chunk, as cute_decode.block_dot / block_dot_lut and cute_gemv compute them
+# One 16-code block and one chunk, as cute.decode.block_dot / block_dot_lut and cute.gemv compute them
 
 
 HW_BLOCK = tuple(((w, i), (w, i)) for w in range(2) for i in range(4))
@@ -266,7 +256,7 @@ def block_sum(a_words, b_words, decode: str) -> np.ndarray:
 
 def chunk_update(acc, a_words, b_words, sfa_pair, sfb_pair, decode: str) -> np.ndarray:
     """acc after one 16-byte chunk (4 words of A and of B, the u16 of 2 scale bytes each), as
-    cute_gemv's chunk accumulation compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
+    cute.gemv's chunk accumulation compiles: ``mul.f32`` of the scales (B's pre-multiplied by DECODE_FACTOR),
     then ``fma.rn.f32(scale product, block sum, acc)`` for block 0, then block 1."""
     sb = cvt_e4m3x2_f32(sfb_pair)
     sa = cvt_e4m3x2_f32(sfa_pair)
@@ -331,165 +321,3 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 def _pairs(scales: np.ndarray) -> np.ndarray:
     """[..., K/16] scale bytes -> [..., K/32] u16 of (byte 2c, byte 2c + 1), as ``ld.u16`` reads them."""
     return scales[..., 0::2].astype(np.uint32) | scales[..., 1::2].astype(np.uint32) << 8
-
-
-# ---------------------------------------------------------------------------------------------
-# The pairing in the sm_100a PTX
-
-
-_REGISTER = re.compile(r"%?[A-Za-z_][\w$]*")
-
-
-def _split_operands(text: str) -> list[str]:
-    """Top-level comma-separated operands ({...} and [...] kept whole)."""
-    parts, depth, current = [], 0, ""
-    for ch in text:
-        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
-        if ch == "," and depth == 0:
-            parts.append(current.strip())
-            current = ""
-        else:
-            current += ch
-    return parts + [current.strip()] if current.strip() else parts
-
-
-def _names(operand: str) -> list[str]:
-    return [n.strip() for n in operand.strip("{}").split(",")]
-
-
-class _Dataflow:
-    """Where the values of the hardware-decode fast kernel's PTX come from.
-
-    Loads are identified by their place in a stage: per unroll step u, B's 16 bytes then its scales,
-    then for each row r A's 16 bytes and scales (as cute_gemv stages them); the prologue and the loop body
-    each issue one stage. A register written in several places (a loop-carried value, or a
-    predicated load and the zero it defaults to) must come from one load either way.
-    """
-
-    def __init__(self, ptx: str, rows: int, unroll: int):
-        self.ins = instructions(ptx)
-        self.rows, self.unroll = rows, unroll
-        self.defs: dict[str, list[int]] = defaultdict(list)
-        self.loads: dict[int, tuple] = {}
-        per_stage = unroll * (rows + 1)
-        counters = {"v4": 0, "u16": 0}
-        for index, (op, args) in enumerate(self.ins):
-            if op.startswith(("st.", "bra", "ret", "setp", "bar")):
-                continue
-            operands = _split_operands(args)
-            if operands:
-                for name in _names(operands[0]):
-                    self.defs[name].append(index)
-            if op.startswith("ld.global"):
-                kind = "v4" if ".v4." in op else "u16"
-                position = counters[kind] % per_stage
-                counters[kind] += 1
-                u, q = divmod(position, rows + 1)
-                role = "B" if q == 0 else "A"
-                if kind == "v4" and (role == "A") != ("L1::no_allocate" in op):
-                    raise ValueError(f"load {counters[kind] - 1} ({op}) is not where a stage puts {role}'s load")
-                self.loads[index] = (role, q - 1 if q else None, u)
-        if counters["v4"] != 2 * per_stage or counters["u16"] != 2 * per_stage:
-            raise ValueError(f"expected 2 stages of {per_stage} 128-bit and 16-bit loads, found {counters}")
-
-    def origin(self, name: str, at: int):
-        """What the value of `name` read by instruction `at` is, as a nested tuple."""
-        if not _REGISTER.fullmatch(name):
-            return ("const", name)
-        defs = self.defs.get(name, [])
-        if not name.startswith("%"):  # an inline-asm block's own name: its latest definition
-            defs = [max(i for i in defs if i < at)]
-        found = {self._origin_of(i, name) for i in defs}
-        if len(found) > 1:
-            found.discard(("const", "0"))  # the default of a predicated load
-        if len(found) != 1:
-            raise ValueError(f"{name} (read by instruction {at}) has several origins: {sorted(map(str, found))}")
-        return found.pop()
-
-    def _origin_of(self, index: int, name: str):
-        op, args = self.ins[index]
-        operands = _split_operands(args)
-        written = _names(operands[0])
-        if index in self.loads:
-            role, row, u = self.loads[index]
-            return ("load", role, row, u, written.index(name)) if ".v4." in op else ("scales", role, row, u)
-        if op in ("mov.b32", "mov.b16"):
-            if operands[0].startswith("{"):
-                return ("part", self.origin(operands[1], index), written.index(name))
-            return self.origin(operands[1], index)
-        if op in ("cvt.rn.f16x2.e2m1x2", "cvt.rn.f16x2.e4m3x2", "cvt.f32.f16", "cvt.rn.f16.f32"):
-            return (op, self.origin(operands[1], index))
-        if op == "fma.rn.f16x2":
-            return (op, *(self.origin(x, index) for x in operands[1:]))
-        if op in ("add.f32", "mul.f32"):
-            return (op, frozenset(self.origin(x, index) for x in operands[1:]))
-        return ("other", op)
-
-
-def _cvt_byte(origin) -> tuple:
-    """(role, row, u, word, byte) of the FP4 byte a ``cvt.rn.f16x2.e2m1x2`` result decodes."""
-    op, part = origin
-    if op != "cvt.rn.f16x2.e2m1x2" or part[0] != "part" or part[1][0] != "load":
-        raise ValueError(f"not the hardware decode of a loaded byte: {origin}")
-    _, role, row, u, word = part[1]
-    return role, row, u, word, part[2]
-
-
-def _scale_half(origin) -> tuple:
-    """(role, row, u, half) of the scale a ``cvt.f32.f16`` of a ``cvt.rn.f16x2.e4m3x2`` half is."""
-    op, part = origin
-    if op != "cvt.f32.f16" or part[0] != "part" or part[1][0] != "cvt.rn.f16x2.e4m3x2":
-        raise ValueError(f"not a decoded scale: {origin}")
-    _, role, row, u = part[1][1]
-    return role, row, u, part[2]
-
-
-def _fma_chain(origin) -> list:
-    """The (A operand, B operand) of each ``fma.rn.f16x2`` of a chain that starts from 0, in order."""
-    chain = []
-    while origin != ("const", "0"):
-        op, a, b, acc = origin
-        if op != "fma.rn.f16x2":
-            raise ValueError(f"a block sum that is not a chain of fma.rn.f16x2 from 0: {origin}")
-        chain.append((_cvt_byte(a), _cvt_byte(b)))
-        origin = acc
-    return chain[::-1]
-
-
-def hw_pairing_from_ptx(ptx: str, rows: int, unroll: int) -> set:
-    """The pairing the sm_100a fast kernel's PTX computes, one entry per block of every (row, unroll
-    step): (r, u, A's scale (row, u, half), B's scale (u, half), ((A word, byte), (B word, byte)) of
-    each fma in order). Read from the operands of every ``fma.rn.f32 d, p, s, acc``: p is a product
-    of two decoded scale halves, s the lo + hi of a chain of ``fma.rn.f16x2`` over decoded bytes."""
-    flow = _Dataflow(ptx, rows, unroll)
-    found = set()
-    for index, (op, args) in enumerate(flow.ins):
-        if op != "fma.rn.f32":
-            continue
-        _, p, s, _ = _split_operands(args)
-        scale_op, scales = flow.origin(p, index)
-        sum_op, halves = flow.origin(s, index)
-        if scale_op != "mul.f32" or sum_op != "add.f32" or len(scales) != 2 or len(halves) != 2:
-            raise ValueError(f"instruction {index}: fma.rn.f32 of {scale_op} and {sum_op}, not a scaled block sum")
-        by_role = {h[0]: h for h in map(_scale_half, scales)}
-        parts = sorted((h[1][2], h[1][1]) for h in halves if h[0] == "cvt.f32.f16" and h[1][0] == "part")
-        if set(by_role) != {"A", "B"} or [i for i, _ in parts] != [0, 1] or parts[0][1] != parts[1][1]:
-            raise ValueError(f"instruction {index}: not A's scale x B's scale x (lo + hi) of one fp16 block sum")
-        chain = _fma_chain(parts[0][1])
-        a_loads = {a[:3] for a, _ in chain}  # (role, row, u)
-        b_loads = {b[:3] for _, b in chain}
-        if len(a_loads) != 1 or len(b_loads) != 1 or a_loads.pop()[0] != "A" or b_loads.pop()[0] != "B":
-            raise ValueError(f"instruction {index}: a block's first operands are not one load of A and its "
-                             f"second operands one load of B: {chain}")
-        row, u = chain[0][0][1], chain[0][0][2]
-        _, sa_row, sa_u, sa_half = by_role["A"]
-        _, _, sb_u, sb_half = by_role["B"]
-        found.add((row, u, (sa_row, sa_u, sa_half), (sb_u, sb_half),
-                   tuple(((a[3], a[4]), (b[3], b[4])) for a, b in chain)))
-    return found
-
-
-def expected_hw_pairing(rows: int, unroll: int) -> set:
-    """`hw_pairing_from_ptx`'s answer if the kernel pairs bytes and scales as `HW_BLOCK` says."""
-    return {(r, u, (r, u, j), (u, j), tuple(((2 * j + wa, ia), (2 * j + wb, ib)) for (wa, ia), (wb, ib) in HW_BLOCK))
-            for r in range(rows) for u in range(unroll) for j in range(2)}

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
-"""Run the CuTe DSL GEMV kernels under NVIDIA compute-sanitizer (memcheck, racecheck).
+"""Run the CuTe DSL GEMV kernels under NVIDIA compute-sanitizer (memcheck, racecheck): ``make sanitize``.
 
-The script starts itself as a child process under each sanitizer tool, in a small driver mode that
+The module starts itself as a child process under each sanitizer tool, in a small driver mode that
 runs `gemv_cute` (variants "naive" and "fast") on the test shapes and on the package's extra shapes
 (`nvfp4lib.problem.EXTRA_SHAPES`: the smallest K, a K that is not a multiple of 128, large M with
-many batches), each on a clone of the input with c poisoned (nvfp4lib.bench.harness.check_once) and the
+many batches), each on a clone of the input with c poisoned (`harness.check_once`) and the
 result checked against the exact reference computed on the CPU. It then prints one
 summary line per tool and exits non-zero if a sanitizer reported an error, a result was wrong, or
 the driver failed. PyTorch's caching allocator is switched off in the child
@@ -13,7 +12,7 @@ end is caught rather than landing in a neighbour's pooled memory.
 
 Without a CUDA GPU, the CuTe DSL or compute-sanitizer, it says which is missing and exits 0.
 
-    python tools/sanitize.py [--tools memcheck,racecheck] [--variants naive,fast] [--shapes all|test|extra]
+    python -m nvfp4lib.bench.sanitize [--tools memcheck,racecheck] [--variants naive,fast] [--shapes all|test|extra]
 """
 
 from __future__ import annotations
@@ -27,9 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+from nvfp4lib.bench.harness import check_once
+from nvfp4lib.device import capabilities, missing
+from nvfp4lib.locations import BUILD_DIR, REPO_ROOT
+from nvfp4lib.problem import EXTRA_SHAPES, TEST_SHAPES, generate_input
+
 
 TOOLS = ("memcheck", "racecheck", "initcheck", "synccheck")
 DEFAULT_TOOLS = ("memcheck", "racecheck")
@@ -51,8 +52,6 @@ SHAPE_SETS = ("all", "test", "extra")
 
 def shapes_for(which: str):
     """The shapes of --shapes `which`: the test shapes, problem.EXTRA_SHAPES, or both."""
-    from nvfp4lib.problem import EXTRA_SHAPES, TEST_SHAPES
-
     sets = {"test": list(TEST_SHAPES), "extra": list(EXTRA_SHAPES)}
     return sets["test"] + sets["extra"] if which == "all" else sets[which]
 
@@ -62,9 +61,7 @@ def shapes_for(which: str):
 
 def drive(variants: list[str], which: str, seed: int) -> int:
     """Run every (variant, shape) once on the GPU and check it; 0 if all results are right."""
-    from nvfp4lib.cute.gemv import gemv_cute
-    from nvfp4lib.bench.harness import check_once
-    from nvfp4lib.problem import generate_input
+    from nvfp4lib.cute.gemv import gemv_cute  # imports the CuTe DSL: only in the child
 
     failed = 0
     for shape in shapes_for(which):
@@ -104,15 +101,10 @@ def find_sanitizer() -> str | None:
 
 def why_not() -> str | None:
     """Why the kernels cannot be sanitized here (None: they can)."""
-    try:
-        from nvfp4lib.device import capabilities
-    except ImportError as err:
-        return f"nvfp4lib cannot be imported ({err})"
     caps = capabilities()
-    if not caps.cuda:
-        return f"needs a CUDA GPU; this machine: {caps.summary()}"
-    if not caps.cute_dsl:
-        return "the CuTe DSL is not installed: pip install -e '.[cute]'"
+    reason = missing(caps, "cuda", "cute_dsl")
+    if reason is not None:
+        return f"{reason}; this machine: {caps.summary()}"
     if find_sanitizer() is None:
         return "compute-sanitizer not found (CUDA toolkit; or set NVFP4_COMPUTE_SANITIZER)"
     return None
@@ -126,7 +118,7 @@ def _count(pattern: str, text: str) -> int | None:
 def run_tool(tool: str, args) -> dict:
     """One child under compute-sanitizer --tool TOOL; what it found."""
     cmd = [find_sanitizer(), "--tool", tool, "--error-exitcode", str(ERROR_EXIT), "--print-limit", "20",
-           *TOOL_OPTIONS[tool], sys.executable, str(Path(__file__).resolve()), "--driver",
+           *TOOL_OPTIONS[tool], sys.executable, "-m", "nvfp4lib.bench.sanitize", "--driver",
            "--variants", ",".join(args.variants), "--shapes", args.shapes, "--seed", str(args.seed)]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
@@ -162,13 +154,13 @@ def summary_line(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.sanitize", description=__doc__.splitlines()[0])
     ap.add_argument("--tools", default=",".join(DEFAULT_TOOLS), help=f"comma-separated, from {TOOLS}")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated CuTe variants")
     ap.add_argument("--shapes", default="all", choices=SHAPE_SETS)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=int, default=CHILD_TIMEOUT_S, help="seconds per tool")
-    ap.add_argument("--log-dir", default=str(REPO_ROOT / "build" / "sanitize"))
+    ap.add_argument("--log-dir", default=str(BUILD_DIR / "sanitize"))
     ap.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)  # the child's mode
     args = ap.parse_args(argv)
     args.variants = [v for v in args.variants.split(",") if v]

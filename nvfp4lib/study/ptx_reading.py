@@ -1,7 +1,7 @@
 """Reading compiled PTX: which instructions a kernel got, how many of each, and where.
 
-The CuTe kernels compile for any target without a GPU (``cute_gemv.compile_ptx`` and
-``compile_cubin``), so the PTX is evidence that can be checked on any machine: whether a target
+The CuTe kernels compile for any target without a GPU (`nvfp4lib.cute.gemv.compile_ptx` and
+`compile_cubin`), so the PTX is evidence that can be checked on any machine: whether a target
 decodes FP4 with the hardware conversion, a register lookup or integer bit operations, whether
 loads are 128 bits wide, how many shuffles the warp reduction takes; the cubin says how many
 registers ptxas gave the kernel and whether it spilled. Counts here are static (each
@@ -45,6 +45,25 @@ def instructions(ptx: str) -> list[tuple[str, str]]:
             if words and _OPCODE.match(words[0]):
                 found.append((words[0], words[1].strip() if len(words) > 1 else ""))
     return found
+
+
+def operands(text: str) -> list[str]:
+    """The operands of an instruction (the text after its opcode, as `instructions` gives it), split at
+    the top-level commas: a vector ``{a, b}`` or an address ``[p+8]`` stays one operand."""
+    parts, depth, current = [], 0, ""
+    for ch in text:
+        depth += ch in "{[" and 1 or ch in "}]" and -1 or 0
+        if ch == "," and depth == 0:
+            parts.append(current.strip())
+            current = ""
+        else:
+            current += ch
+    return parts + [current.strip()] if current.strip() else parts
+
+
+def registers(operand: str) -> list[str]:
+    """The names an operand holds: each element of a vector ``{a, b}``, else the operand itself."""
+    return [name.strip() for name in operand.strip("{}").split(",")]
 
 
 def opcode_counts(ptx: str) -> Counter:
