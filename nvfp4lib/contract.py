@@ -181,11 +181,11 @@ def _validate_tensors(t: dict, whole: str, device, need_m_multiple: int | None, 
         if x.dim() != RANKS[name]:
             raise NVFP4InputError(f"{name}: expected rank {RANKS[name]}, got shape {tuple(x.shape)}")
 
-    c = t["c"]
-    if c.requires_grad:
+    c = t.get("c")  # the op makes its own c
+    if c is not None and c.requires_grad:
         raise NVFP4InputError("c: expected a tensor that does not require grad (the GEMV writes c in place, outside "
                               "autograd), got requires_grad=True")
-    if c.is_inference() and not torch.is_inference_mode_enabled():
+    if c is not None and c.is_inference() and not torch.is_inference_mode_enabled():
         raise NVFP4InputError("c: expected a tensor that may be written here, got an inference tensor outside "
                               "torch.inference_mode() (PyTorch refuses in-place writes to it)")
 

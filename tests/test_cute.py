@@ -17,6 +17,7 @@ from nvfp4lib.reference import check, poison_
 cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
 cute_decode = pytest.importorskip("nvfp4lib.cute.decode")
 cute_ptx = pytest.importorskip("nvfp4lib.cute.ptx")
+cute_launch = pytest.importorskip("nvfp4lib.cute.launch")
 pytestmark = pytest.mark.cute
 if cute_ptx.cute is None:
     pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed", allow_module_level=True)
@@ -234,7 +235,7 @@ def test_too_old_dsl_is_refused_with_the_version(monkeypatch):
     problem = cute_ptx.dsl_problem()
     assert "nvidia-cutlass-dsl 4.5.2 is too old" in problem and "4.6.0 or newer" in problem
     assert device._probe_cute_dsl() is None  # so capabilities() reports no usable DSL and the paths skip
-    monkeypatch.setattr(cute_gemv, "DSL_PROBLEM", problem)  # what cute_gemv read from cute_ptx at import
+    monkeypatch.setattr(cute_launch, "DSL_PROBLEM", problem)  # what cute.launch read from cute.ptx at import
     with pytest.raises(RuntimeError, match="4.5.2 is too old"):
         cute_gemv.compile_gemv("fast", "sm_100a")
     for fine in ("4.6.0", "4.10.2", "@CUTLASS_IR_WHEEL_RELEASE_VERSION@"):

@@ -14,7 +14,7 @@ from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_, reference_gemv
-from nvfp4lib.study import ptx as ptx_tools
+from nvfp4lib.study import ptx_reading
 from nvfp4lib.study import whole_k_model as wm
 
 whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
@@ -64,10 +64,10 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
     class Runner:  # what cute_bench reads of a CuteGemv
         cfg = WholeKConfig(chunks_per_thread=1, row_slots=2)
 
-    assert cute_bench._refusal(Runner(), generate_input(128, 64, 1)) is None
+    assert cute_bench.refusal(Runner(), generate_input(128, 64, 1)) is None
     big = generate_input(128, 64, 1)
     big = (torch.empty(128, 16384, 1, dtype=torch.uint8), *big[1:])  # only a's shape is read: K = 32768
-    assert "K <= 16384" in cute_bench._refusal(Runner(), big)
+    assert "K <= 16384" in cute_bench.refusal(Runner(), big)
 
 
 # ------------------------------------------------------------------------------------ exactness
@@ -152,7 +152,7 @@ def test_hopper_build_has_no_fp4_instruction_and_no_local_memory(ptx, k):
     text = ptx["sm_90a", k]
     assert ".target sm_90a" in text and "e2m1" not in text
     assert not re.search(r"\.local\b|ld\.local|st\.local", text)
-    counts = ptx_tools.opcode_counts(text)
+    counts = ptx_reading.opcode_counts(text)
     assert counts["ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"] >= 1
     if k == "bitops":  # packed fp16 block sums that keep subnormals
         assert counts["fma.rn.f16x2"] > 0 and not any(".ftz" in op and "f16" in op for op in counts)
@@ -162,7 +162,7 @@ def test_hopper_build_has_no_fp4_instruction_and_no_local_memory(ptx, k):
 
 @pytest.mark.cute
 def test_sm100_fp16_block_sums_keep_subnormals_and_each_block_is_one_fma(ptx):
-    counts = ptx_tools.opcode_counts(ptx["sm_100a", 16384])
+    counts = ptx_reading.opcode_counts(ptx["sm_100a", 16384])
     plan = plan_for(WholeKConfig(), 16384)
     assert counts["fma.rn.f16x2"] > 0 and not any(".ftz" in op and "f16" in op for op in counts)
     assert counts["fma.rn.f32"] == 2 * plan.chunks_per_thread * plan.rows_per_thread  # one per 16-element block
@@ -175,7 +175,7 @@ def test_machine_code_has_no_spills(arch, text):
     if whole_k.cute is None:
         pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
     cfg = cute_bench.parse_config(text)
-    resources = ptx_tools.cubin_resources(whole_k.compile_whole_k_cubin(arch, cfg, 16384))
+    resources = ptx_reading.cubin_resources(whole_k.compile_whole_k_cubin(arch, cfg, 16384))
     assert resources["frame_bytes"] == 0 and 0 < resources["registers"] <= 168, resources
 
 

@@ -26,14 +26,12 @@ import dataclasses
 import sys
 
 from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
-from nvfp4lib.contract import NVFP4InputError
-from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
-from nvfp4lib.cute.whole_k import WholeKConfig
-from nvfp4lib.device import capabilities
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
+from nvfp4lib.contract import NVFP4InputError
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
+from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 
@@ -114,7 +112,7 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
         for name, kernel in kernels:
             if kernel.cfg is not None and not kernel.cfg.compute:
                 continue
-            refused = _refusal(kernel, data)
+            refused = refusal(kernel, data)
             if refused:
                 print(f"check {name} {shape.m}x{shape.k}x{shape.l}: refused ({refused})", flush=True)
                 continue
@@ -137,7 +135,7 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 
 
-def _refusal(kernel, data) -> str | None:
+def refusal(kernel, data) -> str | None:
     """Why ``kernel`` refuses this input (a per-K kernel whose block cannot hold K), or None."""
     cfg = getattr(kernel, "cfg", None)
     if not getattr(cfg, "per_k", False):
@@ -171,7 +169,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
         data = generate_input(*shape, seed=1, mode="full", device=device)
         nbytes = bytes_moved(shape)
         for name, kernel in kernels:
-            refused = _refusal(kernel, data)
+            refused = refusal(kernel, data)
             if refused:
                 print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: refused ({refused}), not timed", flush=True)
                 continue

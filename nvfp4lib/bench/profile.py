@@ -188,7 +188,7 @@ def run_child(configs, shapes, manifest_path: str) -> int:
     JSON line per call to the manifest; refused or failing calls are noted and launch nothing."""
     import torch
 
-    from nvfp4lib.bench.cute_bench import _refusal, kernel_name, parse_config
+    from nvfp4lib.bench.cute_bench import refusal, kernel_name, parse_config
     from nvfp4lib.cute.gemv import CuteGemv
     from nvfp4lib.problem import generate_input
 
@@ -204,7 +204,7 @@ def run_child(configs, shapes, manifest_path: str) -> int:
                              status="ok", note="")
                 try:
                     runner = runners.get(text) or runners.setdefault(text, CuteGemv(variant, cfg))
-                    refused = _refusal(runner, data)
+                    refused = refusal(runner, data)
                     if refused:
                         entry.update(status="refused", note=refused)
                     else:

@@ -42,13 +42,13 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.caches import TupleCache
-from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
-                               permuted_strides, plain_strides, validate_gemv_input)
+from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, validate_gemv_input
 from nvfp4lib.cute.decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
                                   decode_word_hw, lut_table, lut_table_smem, store_lut_table)
-from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
                                ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
+from nvfp4lib.cute.launch import compile_launch, compile_target, has_tvm_ffi, leaderboard_tensors, resolve_decode
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
@@ -458,33 +458,6 @@ def make_naive_kernel(hw_e2m1: bool):
 # --------------------------------------------------------------------------- compile & call
 
 
-def _gmem_tensor(dtype, address, shape, stride, align: int):
-    return cute.make_tensor(
-        cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align), cute.make_layout(shape, stride=stride)
-    )
-
-
-def _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales: bool):
-    """CuTe views of the five tensors from their addresses, K/2, M and L.
-
-    The call passes plain integers only (TVM-FFI converts those far faster than tensors).
-    The strides are the documented ones, which the caller validated once per input.
-    """
-    u8 = cutlass.Uint8
-    a = _gmem_tensor(u8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
-    b = _gmem_tensor(u8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
-    c = _gmem_tensor(Float16, c_ptr, (m, 1, l), (1, m, m), 2)  # [M, 1, L] of an (L, M, 1) buffer
-    kb = kh // 8  # scale bytes per row
-    if permuted_scales:
-        rest_m, rest_k = m // SCALE_TILE_ROWS, kb // SCALE_TILE_COLS
-        sfa = _gmem_tensor(u8, sfa_ptr, (32, 4, rest_m, 4, rest_k, l), permuted_strides(rest_m, rest_k, l), 16)
-        sfb = _gmem_tensor(u8, sfb_ptr, (32, 4, 1, 4, rest_k, l), permuted_strides(1, rest_k, l), 16)
-    else:
-        sfa = _gmem_tensor(u8, sfa_ptr, (m, kb, l), plain_strides(m, kb, l), 4)
-        sfb = _gmem_tensor(u8, sfb_ptr, (B_ROWS, kb, l), plain_strides(B_ROWS, kb, l), 4)
-    return a, b, sfa, sfb, c
-
-
 def _reads_permuted(variant: str, cfg: FastConfig | TiledConfig | None) -> bool:
     """Which scales a compiled kernel reads: the naive one (and -perm configs) the permuted ones."""
     return variant == "naive" or (isinstance(cfg, FastConfig) and cfg.permuted_scales)
@@ -509,54 +482,6 @@ def default_config(k: int) -> FastConfig | TiledConfig:
 def sm_count() -> int:
     """Multiprocessors of this GPU; a B200's 148 when cross-compiling without one."""
     return torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else 148
-
-
-HOPPER_DECODE = "lut"  # measured faster than "bitops" on the H200 (docs/cute_kernel_notes.md)
-
-
-def resolve_decode(arch: str, decode: str = "auto") -> str:
-    """The FP4 decode a kernel for ``arch`` uses: the hardware conversion where it exists."""
-    has_hw = int(arch.removeprefix("sm_").rstrip("af")) >= 100
-    if decode == "auto":
-        return "hw" if has_hw else HOPPER_DECODE
-    if decode not in ("hw", "lut", "bitops"):
-        raise ValueError(f"decode: expected 'auto', 'hw', 'lut' or 'bitops', got {decode!r}")
-    if decode == "hw" and not has_hw:
-        raise ValueError(f"decode: 'hw' needs cvt.rn.f16x2.e2m1x2 (sm_100a or newer), not {arch}")
-    return decode
-
-
-def has_tvm_ffi() -> bool:
-    """Whether apache-tvm-ffi imports: then the kernels are compiled for TVM-FFI calls."""
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def compile_target(arch: str | None = None) -> str:
-    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
-    Raises RuntimeError where the DSL cannot build the kernels or there is no target."""
-    if DSL_PROBLEM is not None:
-        raise RuntimeError(DSL_PROBLEM)
-    arch = arch or capabilities().cute_arch
-    if arch is None:
-        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
-    return arch
-
-
-def compile_launch(launch, example_args, arch: str | None = None, options: str = "", tvm_ffi: bool | None = None):
-    """``cute.compile`` of a ``@cute.jit`` function ``launch(*example_args, stream)`` for `arch`
-    (`compile_target`), no GPU needed: every CuTe kernel of the workbook is compiled here. For
-    TVM-FFI calls where apache-tvm-ffi is installed (or as `tvm_ffi` says); `options` are extra
-    CuTe DSL compile options."""
-    arch = compile_target(arch)
-    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: compile_target checked it
-
-    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
-    return cute.compile(launch, *example_args, make_fake_stream(),
-                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
 
 
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
@@ -591,7 +516,7 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
-        a, b, sfa, sfb, c = _leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted)
+        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted)
         n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
         kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 

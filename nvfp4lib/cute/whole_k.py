@@ -19,7 +19,7 @@ from one base, the block gone as soon as its rows are written.
   shuffles and over the warps of a row through shared memory, in a fixed order that
   `nvfp4lib.study.whole_k_model` reproduces bit for bit.
 
-Decodes ("auto" picks per target, as `gemv.resolve_decode`): "hw" (sm_100a: ``cvt.rn.f16x2.e2m1x2``),
+Decodes ("auto" picks per target, as `launch.resolve_decode`): "hw" (sm_100a: ``cvt.rn.f16x2.e2m1x2``),
 "lut" (Hopper's default: ``prmt`` lookups and ``dp4a``, a positive and a negative accumulator so that B
 needs no negated copy), "bitops" (the bit trick: A as value x 2^-14, fp16x2 FMAs).
 """
@@ -31,12 +31,13 @@ import tempfile
 from dataclasses import dataclass
 
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
-from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_hw, decode_word_lut,
+from nvfp4lib.cute.constants import LUT_HI, LUT_LO
+from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_lut,
                                   negate_bytes)
-from nvfp4lib.cute.ptx import (DSL_PROBLEM, Float16, Float32, Int32, Int64, Uint32, cute, cutlass, dp4a,
+from nvfp4lib.cute.launch import compile_launch, compile_target, leaderboard_tensors, resolve_decode
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, dp4a,
                                e4m3x2_to_f32, fma_rn_f32, l2_policy, ld_global_u16_if, ld_global_v4_policy,
                                s32_to_f32, smem_allocator)
-from nvfp4lib.study.decode_models import LUT_HI, LUT_LO
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -307,25 +308,18 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
 def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm_ffi: bool | None = None):
     """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed.
     Called like every kernel of `nvfp4lib.cute.gemv` (`gemv.launch_arguments`, the raw stream)."""
-    from nvfp4lib.cute import gemv  # the shared host side (tensors from addresses, TVM-FFI)
-
-    if DSL_PROBLEM is not None:
-        raise RuntimeError(DSL_PROBLEM)
-    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: DSL_PROBLEM is None
-
-    tvm_ffi = gemv.has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    arch = compile_target(arch)
     plan = plan_for(cfg, k)
-    kernel = make_whole_k_kernel(plan, cfg, gemv.resolve_decode(arch, cfg.decode))
+    kernel = make_whole_k_kernel(plan, cfg, resolve_decode(arch, cfg.decode))
     rows, threads = plan.rows_per_block, plan.threads
 
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
-        a, b, sfa, sfb, c = gemv._leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, False)
+        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, False)
         kernel(a, b, sfa, sfb, c).launch(grid=[m // rows, l, 1], block=[threads, 1, 1], stream=stream)
 
-    return cute.compile(launch, *[Int64(0)] * 5, Int32(k // 2), *[Int32(1)] * 2, make_fake_stream(),
-                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+    return compile_launch(launch, [Int64(0)] * 5 + [Int32(k // 2)] + [Int32(1)] * 2, arch, options, tvm_ffi)
 
 
 def _artifact(arch: str, cfg: WholeKConfig, k: int, kind: str):

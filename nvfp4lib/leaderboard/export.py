@@ -1,0 +1,592 @@
+"""One-file leaderboard submissions, exported from nvfp4lib's own source.
+
+The leaderboard takes a single Python file that defines ``custom_kernel(data)``; nothing of this
+package is installed there. ``python -m nvfp4lib.leaderboard.export --path hybrid --out submission.py``
+writes such a file for one kernel path. Its code is not a hand-kept copy: starting from the path's
+entry function, the exporter follows every module-level name the code uses (through
+``from nvfp4lib.x import y``, relative and function-local imports included), takes the defining
+statements' source from the package as it is now, and lays them out module by module in import
+order, with the third-party imports at the top. A name clash between modules, a name that cannot
+be found, or a reference to the package itself stops the export with an error that names it, and
+the finished file is checked to refer to no undefined name before it is written.
+
+The CuTe and hybrid files choose their kernel once, at import time, so that no timed call pays for
+probing or compiling: they inline `nvfp4lib.leaderboard.runtime` (the code that runs in a
+submission, kept apart from this exporter) and, for each path they may run, the registry's own
+`unavailable` and `build` functions from `nvfp4lib.paths`. The choice is `fallback.first_working`'s,
+the dispatcher's chooser: the file's path, then the rest of `paths.FALLBACK_ORDER`, the first that
+can run here, builds and passes its self-check. `sections` reads a generated file's sections back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import builtins
+import functools
+import importlib
+import importlib.util
+import inspect
+import os
+import symtable
+import sys
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import nvfp4lib
+from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS
+from nvfp4lib.scaled_mm import describe_backend
+from nvfp4lib.leaderboard.runtime import choose_kernel
+from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE
+
+TASK_IMPORT = "from task import input_t, output_t"
+
+
+class ExportError(RuntimeError):
+    """The submission file cannot be built; the message says which name or path is at fault."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The paths
+
+
+@dataclass(frozen=True)
+class ExportPath:
+    """What `custom_kernel` runs: ``entry(data, **kwargs)``; or, with `candidates`, the kernel that
+    `runtime.choose_kernel` picks from those paths of nvfp4lib.paths, once, at import time."""
+
+    entry: Callable
+    summary: str
+    kwargs: dict = field(default_factory=dict)
+    candidates: tuple[str, ...] = ()
+    needs_cuda: bool = False  # its own kernel needs a CUDA GPU (elsewhere the file runs its fallback)
+
+
+def _family(name: str) -> str:
+    return name.split("_")[0]
+
+
+def _with_fallback(first: str | None = None) -> tuple[str, ...]:
+    """`first`, then the paths of paths.FALLBACK_ORDER that are not of its family (all of them
+    without `first`): the order the file tries at import."""
+    rest = tuple(p for p in FALLBACK_ORDER if first is None or _family(p) != _family(first))
+    return ((first,) if first else ()) + rest
+
+
+HYBRID = "hybrid"
+HYBRID_SUMMARY = ("the dispatcher's choice without a measured table: the first path of the fallback order that "
+                  f"passes its self-check here ({', '.join(FALLBACK_ORDER)})")
+
+
+def export_path(name: str) -> ExportPath:
+    """How the file for `name` (an exportable path of nvfp4lib.paths, or "hybrid") runs its path."""
+    if name == HYBRID:
+        return ExportPath(choose_kernel, HYBRID_SUMMARY, candidates=_with_fallback())
+    path = PATHS[name]
+    if name.startswith("cute_"):
+        return ExportPath(choose_kernel, f"{path.summary}; compiled and self-checked at import (needs a CUDA "
+                          "GPU; else, or if it fails, the fallback order)", candidates=_with_fallback(name),
+                          needs_cuda=True)
+    fn = path.build()
+    if isinstance(fn, functools.partial):
+        return ExportPath(fn.func, path.summary, kwargs=dict(fn.keywords))
+    return ExportPath(fn, path.summary)
+
+
+EXPORTS = tuple(name for name, path in PATHS.items() if path.exportable) + (HYBRID,)
+"""What `--path` takes: the exportable paths of nvfp4lib.paths, and "hybrid"."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Following names through the package
+
+
+def _is_package_module(name: str | None) -> bool:
+    return name is not None and (name == PACKAGE or name.startswith(PACKAGE + "."))
+
+
+def _package_target(module: str, is_package: bool, node: ast.ImportFrom) -> str | None:
+    """The nvfp4lib module an ImportFrom reads from (relative imports resolved), or None."""
+    if node.level:
+        parts = module.split(".")
+        base = parts[:len(parts) - node.level + is_package]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module if _is_package_module(node.module) else None
+
+
+def _bound_names(stmt: ast.stmt) -> set[str]:
+    """Names a top-level statement binds (not looking inside function or class bodies)."""
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {stmt.name}
+    if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+        return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+    names = set()
+    for node in ast.iter_child_nodes(stmt):
+        if isinstance(node, ast.stmt):
+            names |= _bound_names(node)
+        elif isinstance(node, ast.excepthandler):
+            names |= {node.name} if node.name else set()
+            for inner in node.body:
+                names |= _bound_names(inner)
+        else:
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return names
+
+
+def _global_references(source: str) -> set[str]:
+    """Module-level names that a piece of top-level code reads (in any nested scope)."""
+    found = set()
+
+    def walk(table):
+        for sym in table.get_symbols():
+            if (sym.is_referenced() if table.get_type() == "module" else sym.is_global()):
+                found.add(sym.get_name())
+        for child in table.get_children():
+            walk(child)
+
+    walk(symtable.symtable(source, "<inlined>", "exec"))
+    return found
+
+
+def _is_main_guard(stmt: ast.stmt) -> bool:
+    """``if __name__ == "__main__":`` (a command line, never part of a submission)."""
+    test = getattr(stmt, "test", None)
+    return (isinstance(stmt, ast.If) and isinstance(test, ast.Compare) and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__")
+
+
+def _is_import_block(stmt: ast.stmt) -> bool:
+    """A top-level try/if whose job is importing (e.g. an optional dependency with a fallback)."""
+    return isinstance(stmt, (ast.Try, ast.If)) and any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(stmt))
+
+
+class _Module:
+    """One nvfp4lib module's top level, indexed by the names it binds."""
+
+    def __init__(self, name: str):
+        self.name = name
+        try:
+            module = importlib.import_module(name)
+        except ImportError as err:
+            raise ExportError(f"cannot inline from {name}: {err}") from err
+        self.is_package = hasattr(module, "__path__")
+        self.file = name.replace(".", "/") + ("/__init__.py" if self.is_package else ".py")
+        self.lines = inspect.getsource(module).splitlines()
+        tree = ast.parse("\n".join(self.lines))
+        self.docstring = ast.get_docstring(tree) or ""
+        self.body = tree.body
+        self.statements: dict[str, list[ast.stmt]] = {}  # name -> the statements binding it
+        self.imports: dict[str, tuple] = {}  # name -> (module or None, name, asname): not nvfp4lib
+        self.from_package: dict[str, tuple[str, str]] = {}  # name -> (nvfp4lib module, its name there)
+        self.requires: list[str] = []  # nvfp4lib modules imported at top level (they run first)
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                self._index_import(stmt)
+            elif not (_is_docstring(stmt) or _is_main_guard(stmt)):
+                names = _bound_names(stmt)
+                if not names:
+                    raise ExportError(f"{self.file}:{stmt.lineno}: a top-level statement that binds no name cannot "
+                                      f"be inlined (it would only run for its side effect); move it into a function")
+                for name in names:
+                    self.statements.setdefault(name, []).append(stmt)
+
+    def _index_import(self, stmt: ast.Import | ast.ImportFrom) -> None:
+        if isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                if _is_package_module(alias.name):
+                    self.from_package[bound] = (PACKAGE, "")  # the package object itself
+                else:
+                    self.imports[bound] = (None, alias.name, alias.asname)
+            return
+        if stmt.module == "__future__":
+            return
+        target = _package_target(self.name, self.is_package, stmt)
+        for alias in stmt.names:
+            if target is None:
+                self.imports[alias.asname or alias.name] = (stmt.module, alias.name, alias.asname)
+            elif alias.asname and alias.asname != alias.name:
+                raise ExportError(f"{self.file}:{stmt.lineno}: 'import {alias.name} as {alias.asname}' from "
+                                  f"{target}: a renamed import cannot be inlined; import the name as it is")
+            else:
+                self.from_package[alias.name] = (target, alias.name)
+        if target is not None and target not in self.requires:
+            self.requires.append(target)
+
+    def text(self, stmt: ast.stmt) -> tuple[str, list[tuple[str, str]]]:
+        """The statement's source (with its decorators, the comment lines right above it and an
+        attribute docstring right below), minus function-local nvfp4lib imports, which are
+        returned as (module, name) pairs to inline instead."""
+        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
+        while first > 1 and self.lines[first - 2].startswith("#"):
+            first -= 1
+        last = stmt.end_lineno
+        following = self.body[self.body.index(stmt) + 1:][:1]
+        if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and following and _is_docstring(following[0]):
+            last = following[0].end_lineno
+        lines = {n: self.lines[n - 1] for n in range(first, last + 1)}
+        needed = []
+        for parent in ast.walk(stmt):
+            for body in (getattr(parent, f, None) for f in ("body", "orelse", "finalbody")):
+                for node in body if isinstance(body, list) else ():
+                    target = self._local_package_import(node)
+                    if target is None or node is stmt:
+                        continue
+                    needed += [(target, alias.name) for alias in node.names]
+                    for n in range(node.lineno, node.end_lineno + 1):
+                        del lines[n]
+                    if not lines.get(node.end_lineno + 1, "x").strip():  # and the blank line after it
+                        del lines[node.end_lineno + 1]
+                    if len(body) == 1:  # the import was the whole block: keep the block valid
+                        lines[node.lineno] = " " * node.col_offset + "pass"
+        return "\n".join(lines[n] for n in sorted(lines)), needed
+
+    def _local_package_import(self, node) -> str | None:
+        """The nvfp4lib module a function-local import reads from; None for other statements."""
+        if isinstance(node, ast.Import) and any(_is_package_module(a.name) for a in node.names):
+            raise ExportError(f"{self.file}:{node.lineno}: inside a function only 'from {PACKAGE}.x import y' "
+                              f"can be inlined")
+        if not isinstance(node, ast.ImportFrom):
+            return None
+        target = _package_target(self.name, self.is_package, node)
+        if target is not None and any(a.asname for a in node.names):
+            raise ExportError(f"{self.file}:{node.lineno}: a renamed import cannot be inlined")
+        return target
+
+
+def _is_docstring(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+
+
+def _import_line(item: tuple) -> str:
+    module, name, asname = item
+    line = f"import {name}" if module is None else f"from {module} import {name}"
+    return line + (f" as {asname}" if asname else "")
+
+
+class _Inliner:
+    """Collects the statements some nvfp4lib objects need, following names transitively."""
+
+    def __init__(self, reserved: tuple[str, ...] = ()):
+        self.modules: dict[str, _Module] = {}
+        self.taken: dict[str, dict[int, ast.stmt]] = {}  # module -> {id(stmt): stmt}, in order taken
+        self.texts: dict[int, str] = {}  # id(stmt) -> its source as inlined
+        self.imports: set[tuple] = set()  # third-party and standard-library imports
+        self.owner: dict[str, str] = {name: "the generated entry point" for name in reserved}
+        self._done: set[tuple[str, str]] = set()
+
+    def module(self, name: str) -> _Module:
+        if name not in self.modules:
+            self.modules[name] = _Module(name)
+        return self.modules[name]
+
+    def _claim(self, name: str, owner: str, where: str) -> None:
+        """One file is one namespace: a name may come from one place only."""
+        previous = self.owner.setdefault(name, owner)
+        if previous != owner:
+            raise ExportError(f"name clash: {name!r} is defined by {previous} and by {owner} (needed by {where}); "
+                              f"rename one of them")
+
+    def need(self, module_name: str, name: str, where: str) -> None:
+        """Take what defines `name` in `module_name` (and, recursively, what that uses)."""
+        if (module_name, name) in self._done:
+            return
+        self._done.add((module_name, name))
+        mod = self.module(module_name)
+        if name in mod.from_package:
+            target, original = mod.from_package[name]
+            if not original or (self.module(target).is_package
+                                and importlib.util.find_spec(f"{target}.{original}") is not None):
+                what = f"the {PACKAGE} package" if not original else f"the module {target}.{original}"
+                raise ExportError(f"{mod.file}: {where} uses {name!r}, {what} itself; only names imported from a "
+                                  f"module (from {PACKAGE}.x import y) can be inlined")
+            self.need(target, original, f"{module_name}.{name}")
+        elif name in mod.statements:
+            for stmt in mod.statements[name]:
+                self._take(mod, stmt, f"{module_name}.{name}")
+        elif name in mod.imports:
+            self._claim(name, f"an import ({_import_line(mod.imports[name])})", where)
+            self.imports.add(mod.imports[name])
+        elif not hasattr(builtins, name):
+            raise ExportError(f"{mod.file}: {where} uses {name!r}, which {module_name} does not define or import "
+                              f"at module level")
+
+    def _take(self, mod: _Module, stmt: ast.stmt, label: str) -> None:
+        bound = _bound_names(stmt)
+        for name in bound:
+            self._claim(name, f"{mod.file} line {stmt.lineno}", label)
+        taken = self.taken.setdefault(mod.name, {})
+        if id(stmt) in taken:
+            return
+        taken[id(stmt)] = stmt
+        self.texts[id(stmt)], local_imports = mod.text(stmt)
+        for target, original in local_imports:
+            self.need(target, original, label)
+        provided = bound | {original for _, original in local_imports}
+        for ref in sorted(_global_references(self.texts[id(stmt)]) - provided):
+            self.need(mod.name, ref, label)
+
+    def module_order(self) -> list[str]:
+        """Modules with the ones they import at top level first, as Python would run them: sorted
+        by the length of their longest chain of top-level imports, then by name."""
+        depth: dict[str, int] = {}
+
+        def chain(name: str) -> int:
+            if name not in depth:
+                requires = self.modules[name].requires if name in self.modules else ()
+                depth[name] = 1 + max((chain(dep) for dep in requires), default=-1)
+            return depth[name]
+
+        return sorted(self.taken, key=lambda name: (chain(name), name))
+
+    def imports_section(self) -> str:
+        """Standard library, then third-party imports, then import blocks (optional dependencies)."""
+        plain = sorted(_import_line(item) for item in self.imports if item[0] is None)
+        grouped: dict[str, list[str]] = {}
+        for module, name, asname in sorted(self.imports - {i for i in self.imports if i[0] is None}):
+            grouped.setdefault(module, []).append(name + (f" as {asname}" if asname else ""))
+        lines = plain + [f"from {module} import {', '.join(names)}" for module, names in sorted(grouped.items())]
+        stdlib = [line for line in lines if line.split()[1].split(".")[0] in sys.stdlib_module_names]
+        groups = ["\n".join(stdlib), "\n".join(line for line in lines if line not in stdlib)]
+        for module_name in self.module_order():
+            groups += [self.texts[key] for key, stmt in self.taken[module_name].items() if _is_import_block(stmt)]
+        return "\n\n".join(group for group in groups if group)
+
+    def code_section(self) -> str:
+        """The taken statements, module by module, each module headed by its file and summary."""
+        sections = []
+        for module_name in self.module_order():
+            stmts = sorted((s for s in self.taken[module_name].values() if not _is_import_block(s)),
+                           key=lambda s: s.lineno)
+            if not stmts:
+                continue
+            mod = self.modules[module_name]
+            summary = textwrap.wrap(mod.docstring.split("\n\n")[0].replace("\n", " "), 94)
+            rule = f"# {'=' * 96}"
+            header = "\n".join([rule, f"# {mod.file}", *(f"# {line}" for line in summary), rule])
+            body = ""
+            for previous, stmt in zip([None] + stmts, stmts):
+                if previous is not None:  # simple statements one line apart, definitions two blank lines
+                    body += "\n" if not isinstance(stmt, _DEFINITIONS) and not isinstance(previous, _DEFINITIONS) \
+                        else "\n\n\n"
+                body += self.texts[id(stmt)]
+            sections.append(header + "\n\n" + body)
+        return "\n\n\n".join(sections)
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+
+
+def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(imports, code): the source of nvfp4lib `objects` and of everything they use, module by
+    module in import order. `reserved` are names the caller defines itself (clashes are errors)."""
+    inliner = _Inliner(reserved)
+    for obj in objects:
+        module = getattr(obj, "__module__", None)
+        if not _is_package_module(module) or not hasattr(obj, "__name__"):
+            raise ExportError(f"{obj!r}: only functions and classes defined in {PACKAGE} can be inlined")
+        inliner.need(module, obj.__name__, "the entry point")
+    return inliner.imports_section(), inliner.code_section()
+
+
+# ---------------------------------------------------------------------------------------------
+# The file
+
+
+def _literal_call(name: str, first: str, kwargs: dict) -> str:
+    return f"{name}({', '.join([first] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
+
+
+def _inlined_call(fn, what: str) -> tuple[Callable, str]:
+    """(the function to inline, the expression a generated file calls) for a path's builder or
+    availability check: a named function of the package, or a functools.partial of one with literal
+    arguments. The registry's own functions, so that a file builds each path as the dispatcher does."""
+    args: tuple = ()
+    if isinstance(fn, functools.partial):
+        if fn.keywords:
+            raise ExportError(f"{what}: a functools.partial with keywords cannot be inlined; pass them positionally")
+        fn, args = fn.func, fn.args
+    if not _is_package_module(getattr(fn, "__module__", None)) or getattr(fn, "__name__", "<lambda>") == "<lambda>":
+        raise ExportError(f"{what}: {fn!r} cannot be inlined; give it a name in {PACKAGE}.paths")
+    return fn, (f"lambda: {fn.__name__}({', '.join(map(repr, args))})" if args else fn.__name__)
+
+
+def _candidate_table(candidates) -> tuple[list, list[str]]:
+    """(functions to inline, the lines of the dict literal name -> (unavailable, build)) for `choose_kernel`."""
+    objects, lines = [], []
+    for name in candidates:
+        path = PATHS[name]
+        unavailable, unavailable_text = _inlined_call(path.unavailable, f"{name}: unavailable")
+        build, build_text = _inlined_call(path.build, f"{name}: build")
+        objects += [unavailable, build]
+        lines.append(f"    {name!r}: ({unavailable_text}, {build_text}),")
+    return objects, lines
+
+
+def _path(name: str) -> ExportPath:
+    if name not in EXPORTS:
+        raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(EXPORTS)}")
+    return export_path(name)
+
+
+def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = ()) -> str:
+    """The text of a self-contained leaderboard file for `path` (one of `EXPORTS`).
+
+    `fail` names runtime paths of the file's fallback order that its self-check is to fail on
+    purpose (to see the fallback work on a machine where every path would pass).
+    """
+    spec = _path(path)
+    kwargs = dict(spec.kwargs)
+    if streams is not None:
+        if "streams" not in kwargs:
+            raise ExportError(f"--streams applies only to paths that take streams, not to {path!r}")
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
+            raise ExportError(f"--streams: expected an integer >= 0 (0 = the caller's stream), got {streams!r}")
+        kwargs["streams"] = streams
+    unknown = [name for name in fail if name not in spec.candidates]
+    if unknown:
+        choices = ", ".join(spec.candidates) if spec.candidates else f"none: {path!r} has no fallback"
+        raise ExportError(f"--fail-path {unknown[0]!r}: not a path of {path!r} (its paths: {choices})")
+    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
+    table, table_lines = _candidate_table(spec.candidates)
+    imports, code = inline_objects([spec.entry] + (table if spec.candidates else [describe_backend]),
+                                   reserved=generated)
+    needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
+    command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
+                       + ([f"--streams {streams}"] if streams is not None else [])
+                       + [f"--fail-path {name}" for name in fail])
+    header = [
+        DIRECTIVE,
+        f"# Batched NVFP4 GEMV (GPU MODE leaderboard 'nvfp4_gemv'), path {path!r}:",
+        *[f"#   {line}" for line in textwrap.wrap(spec.summary, 94)],
+        f"# Generated by nvfp4lib {nvfp4lib.__version__} with `{command}`.",
+        "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
+        f"# its file), then the generated entry point. It needs only {needs}.",
+    ]
+    if spec.candidates:
+        options = f", fail={tuple(fail)!r}" if fail else ""
+        setup = ["# Chosen once, now: the first of these paths (name: its availability check and builder, as in",
+                 "# nvfp4lib.paths) that can run here and passes its self-check. Logged with `logging`: a path that",
+                 "# cannot run here at INFO, a failing one as a WARNING. BACKEND says what runs.",
+                 f"KERNEL, BACKEND = {spec.entry.__name__}({{", *table_lines, f"}}{options})"]
+        call = "KERNEL(data)"
+    else:
+        setup = ["BACKEND = describe_backend()  # probes the machine now, not inside the first timed call"]
+        call = _literal_call(spec.entry.__name__, "data", kwargs)
+    tail = [
+        f"# {'=' * 96}", ENTRY_POINT_TITLE, f"# {'=' * 96}", "",
+        *setup, "", "",
+        "def custom_kernel(data: input_t) -> output_t:",
+        f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0], written into c and returned ({path})."""',
+        f"    return {call}",
+    ]
+    source = "\n".join([
+        *header, "", "from __future__ import annotations", "", imports, "", TASK_IMPORT, "",
+        f"SUBMISSION_PATH = {path!r}", f"NVFP4LIB_VERSION = {nvfp4lib.__version__!r}",
+        "", "", code, "", "", *tail, ""])
+    _check_self_contained(source, path)
+    return source
+
+
+def _check_self_contained(source: str, path: str) -> None:
+    """The generated file must compile, import nothing from nvfp4lib and leave no name undefined."""
+    try:
+        tree = ast.parse(source)
+        compile(tree, f"<{path}>", "exec")
+    except SyntaxError as err:
+        raise ExportError(f"the file generated for {path!r} does not compile: {err}") from err
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level or _is_package_module(node.module)) or (
+                isinstance(node, ast.Import) and any(_is_package_module(a.name) for a in node.names)):
+            raise ExportError(f"the file generated for {path!r} still imports from {PACKAGE} (line {node.lineno})")
+    top = symtable.symtable(source, f"<{path}>", "exec")
+    defined = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    missing = sorted(_global_references(source) - defined - set(dir(builtins)))
+    if missing:
+        raise ExportError(f"the file generated for {path!r} uses undefined names: {', '.join(missing)}")
+
+
+GENERATED = "header, imports, entry point"
+"""The name `sections` gives the generated parts of a file: its head (up to the first inlined
+module) and its tail (the leaderboard entry point)."""
+ENTRY_POINT_TITLE = "# The leaderboard entry point"
+
+
+class Section(NamedTuple):
+    name: str  # the inlined module's file ("nvfp4lib/scaled_mm.py"), or GENERATED
+    lines: int
+
+
+def sections(source: str) -> list[Section]:
+    """The sections of a file `export_source` wrote, in order: each inlined module under the file
+    named by its header, and `GENERATED` for the head and the tail. The line counts add up to the
+    file's; a module's count includes its 4-line header and the blank lines before the next one."""
+    rule = f"# {'=' * 96}"
+    lines = source.splitlines()
+    starts = [(0, GENERATED)]
+    for i, line in enumerate(lines[:-1]):
+        if line == rule and lines[i + 1].startswith(f"# {PACKAGE}/"):
+            starts.append((i, lines[i + 1][2:].strip()))
+        elif line == rule and lines[i + 1] == ENTRY_POINT_TITLE:
+            starts.append((i, GENERATED))
+    ends = [start for start, _ in starts[1:]] + [len(lines)]
+    return [Section(name, end - start) for (start, name), end in zip(starts, ends) if end > start]
+
+
+def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[str, ...] = (),
+                     force: bool = False) -> Path:
+    """Write the file for `path` to `out` and return where it went. Missing folders are created; an
+    existing file is replaced only with `force`; a folder, or a file where a folder should be, is
+    an ExportError that says so."""
+    if str(out).endswith(("/", os.sep)) or Path(out).is_dir():
+        raise ExportError(f"--out: {out} is a folder; name the file to write, e.g. {Path(out) / 'submission.py'}")
+    out = Path(out)
+    if out.exists() and not force:
+        raise ExportError(f"--out: {out} exists; pass --force to overwrite it")
+    source = export_source(path, streams=streams, fail=fail)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(source)
+    except OSError as err:
+        where = f" ({err.filename})" if err.filename and str(err.filename) != str(out) else ""
+        raise ExportError(f"--out: cannot write {out}: {err.strerror or err}{where}") from err
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.leaderboard.export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--path", help="which kernel path to export (see --list)")
+    parser.add_argument("--out", default="submission.py", help="file to write (default: submission.py)")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
+    parser.add_argument("--streams", type=int,
+                        help=f"CUDA streams of scaled_mm_transposed (default {TRANSPOSED_STREAMS})")
+    parser.add_argument("--fail-path", action="append", default=[], metavar="NAME",
+                        help="make the file's self-check fail this path of its fallback order, to see the "
+                             "fallback work (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the paths and exit")
+    args = parser.parse_args(argv)
+    if args.list:
+        width = max(map(len, EXPORTS))
+        for name in EXPORTS:
+            print(f"{name:<{width}}  {export_path(name).summary}")
+        return 0
+    if not args.path:
+        parser.error(f"--path is required; one of: {', '.join(EXPORTS)}")
+    try:
+        out = write_submission(args.path, args.out, streams=args.streams, fail=tuple(args.fail_path),
+                               force=args.force)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"wrote {out} ({args.path}, {len(out.read_text().splitlines())} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the package's module, not this __main__ copy: the exporter reads objects' home modules.
+    from nvfp4lib.leaderboard.export import main as _main
+
+    sys.exit(_main())

@@ -271,7 +271,7 @@ def chunk_update(acc, a_words, b_words, sfa_pair, sfb_pair, decode: str) -> np.n
 # The whole fast kernel
 
 
-def _words(chunks: np.ndarray) -> list[np.ndarray]:
+def load_words(chunks: np.ndarray) -> list[np.ndarray]:
     """[..., 16] bytes -> 4 little-endian uint32 words, as a ``ld.global.v4.u32`` reads them."""
     return list(np.moveaxis(np.ascontiguousarray(chunks).view("<u4"), -1, 0))
 
@@ -285,9 +285,9 @@ def fast_kernel_model(data, decode: str) -> tuple[np.ndarray, np.ndarray]:
     and the 32 lane sums meet in a butterfly (``shfl.sync.bfly`` 16, 8, 4, 2, 1, each ``add.f32``).
     """
     a, b, sfa, sfb, *_ = data  # the permuted scales and c are not read
-    a = _bytes(a)  # [M, K/2, L]
-    b = _bytes(b)[0]  # [K/2, L], row 0: the vector
-    sfa, sfb = _bytes(sfa), _bytes(sfb)[0]
+    a = tensor_bytes(a)  # [M, K/2, L]
+    b = tensor_bytes(b)[0]  # [K/2, L], row 0: the vector
+    sfa, sfb = tensor_bytes(sfa), tensor_bytes(sfb)[0]
     m, half_k, l = a.shape
     n_chunks = half_k // 16
     steps = -(-n_chunks // WARP)
@@ -295,11 +295,11 @@ def fast_kernel_model(data, decode: str) -> tuple[np.ndarray, np.ndarray]:
     # [L, M, steps, lanes, 16] codes; [L, M, steps, lanes] scale pairs (u16 of bytes 2c, 2c + 1)
     a_chunks = np.pad(a.transpose(2, 0, 1).reshape(l, m, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
     b_chunks = np.pad(b.T.reshape(l, 1, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    sfa_pairs = np.pad(_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
-    sfb_pairs = np.pad(_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
+    sfa_pairs = np.pad(scale_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
+    sfb_pairs = np.pad(scale_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
     shape = (l, m, steps, WARP)
-    a_words = _words(a_chunks.reshape(*shape, 16))
-    b_words = _words(np.broadcast_to(b_chunks.reshape(l, 1, steps, WARP, 16), (*shape, 16)))
+    a_words = load_words(a_chunks.reshape(*shape, 16))
+    b_words = load_words(np.broadcast_to(b_chunks.reshape(l, 1, steps, WARP, 16), (*shape, 16)))
     sfa_pairs = sfa_pairs.reshape(shape)
     sfb_pairs = np.broadcast_to(sfb_pairs.reshape(l, 1, steps, WARP), shape)
     acc = np.zeros((l, m, WARP), dtype=np.float32)
@@ -313,11 +313,11 @@ def fast_kernel_model(data, decode: str) -> tuple[np.ndarray, np.ndarray]:
     return total, total.astype(np.float16)
 
 
-def _bytes(t: torch.Tensor) -> np.ndarray:
+def tensor_bytes(t: torch.Tensor) -> np.ndarray:
     """A tensor of the tuple (any 1-byte dtype) as a numpy uint8 array of the same shape."""
     return t.detach().cpu().view(torch.uint8).numpy()
 
 
-def _pairs(scales: np.ndarray) -> np.ndarray:
+def scale_pairs(scales: np.ndarray) -> np.ndarray:
     """[..., K/16] scale bytes -> [..., K/32] u16 of (byte 2c, byte 2c + 1), as ``ld.u16`` reads them."""
     return scales[..., 0::2].astype(np.uint32) | scales[..., 1::2].astype(np.uint32) << 8

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nvfp4lib.study.decode_models import (DECODE_FACTOR, WARP, _bytes, _pairs, _words, chunk_update, decode_word_lut,
+from nvfp4lib.study.decode_models import (DECODE_FACTOR, WARP, tensor_bytes, scale_pairs, load_words, chunk_update, decode_word_lut,
                                           dp4a, e2m1_f16_bits, fma_rn, negate_bytes)
 
 EXACTNESS = r"""
@@ -141,8 +141,8 @@ def whole_k_model(data, threads_per_row: int, chunks_per_thread: int, decode: st
     if decode not in DECODE_FACTOR:
         raise ValueError(f"decode: expected one of {tuple(DECODE_FACTOR)}, got {decode!r}")
     a, b, sfa, sfb, *_ = data
-    a, b = _bytes(a), _bytes(b)[0]
-    sfa, sfb = _bytes(sfa), _bytes(sfb)[0]
+    a, b = tensor_bytes(a), tensor_bytes(b)[0]
+    sfa, sfb = tensor_bytes(sfa), tensor_bytes(sfb)[0]
     m, half_k, l = a.shape
     n_chunks, P, C = half_k // 16, threads_per_row, chunks_per_thread
     if P % WARP or C * P < n_chunks:
@@ -150,11 +150,11 @@ def whole_k_model(data, threads_per_row: int, chunks_per_thread: int, decode: st
     pad = C * P - n_chunks
     a_chunks = np.pad(a.transpose(2, 0, 1).reshape(l, m, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
     b_chunks = np.pad(b.T.reshape(l, 1, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    sfa_pairs = np.pad(_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
-    sfb_pairs = np.pad(_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
+    sfa_pairs = np.pad(scale_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
+    sfb_pairs = np.pad(scale_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
     shape = (l, m, C, P)
-    a_words = _words(a_chunks.reshape(*shape, 16))
-    b_words = _words(np.broadcast_to(b_chunks.reshape(l, 1, C, P, 16), (*shape, 16)))
+    a_words = load_words(a_chunks.reshape(*shape, 16))
+    b_words = load_words(np.broadcast_to(b_chunks.reshape(l, 1, C, P, 16), (*shape, 16)))
     sfa_pairs, sfb_pairs = sfa_pairs.reshape(shape), np.broadcast_to(sfb_pairs.reshape(l, 1, C, P), shape)
     acc = np.zeros((l, m, P), dtype=np.float32)
     for i in range(C):

@@ -1,0 +1,84 @@
+"""Compiling and launching the CuTe kernels, shared by every kernel family (`gemv`, `whole_k`) and the
+streaming read: the target and its decode, TVM-FFI or plain calls, and the kernels' view of the
+leaderboard's tensors from raw addresses."""
+
+from __future__ import annotations
+
+from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
+from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, cute, cutlass
+from nvfp4lib.device import capabilities
+
+
+def _gmem_tensor(dtype, address, shape, stride, align: int):
+    return cute.make_tensor(
+        cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align), cute.make_layout(shape, stride=stride)
+    )
+
+
+def leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales: bool):
+    """CuTe views of the five tensors from their addresses, K/2, M and L.
+
+    The call passes plain integers only (TVM-FFI converts those far faster than tensors).
+    The strides are the documented ones, which the caller validated once per input.
+    """
+    u8 = cutlass.Uint8
+    a = _gmem_tensor(u8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
+    b = _gmem_tensor(u8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
+    c = _gmem_tensor(Float16, c_ptr, (m, 1, l), (1, m, m), 2)  # [M, 1, L] of an (L, M, 1) buffer
+    kb = kh // 8  # scale bytes per row
+    if permuted_scales:
+        rest_m, rest_k = m // SCALE_TILE_ROWS, kb // SCALE_TILE_COLS
+        sfa = _gmem_tensor(u8, sfa_ptr, (32, 4, rest_m, 4, rest_k, l), permuted_strides(rest_m, rest_k, l), 16)
+        sfb = _gmem_tensor(u8, sfb_ptr, (32, 4, 1, 4, rest_k, l), permuted_strides(1, rest_k, l), 16)
+    else:
+        sfa = _gmem_tensor(u8, sfa_ptr, (m, kb, l), plain_strides(m, kb, l), 4)
+        sfb = _gmem_tensor(u8, sfb_ptr, (B_ROWS, kb, l), plain_strides(B_ROWS, kb, l), 4)
+    return a, b, sfa, sfb, c
+
+
+HOPPER_DECODE = "lut"  # measured faster than "bitops" on the H200 (docs/cute_kernel_notes.md)
+
+
+def resolve_decode(arch: str, decode: str = "auto") -> str:
+    """The FP4 decode a kernel for ``arch`` uses: the hardware conversion where it exists."""
+    has_hw = int(arch.removeprefix("sm_").rstrip("af")) >= 100
+    if decode == "auto":
+        return "hw" if has_hw else HOPPER_DECODE
+    if decode not in ("hw", "lut", "bitops"):
+        raise ValueError(f"decode: expected 'auto', 'hw', 'lut' or 'bitops', got {decode!r}")
+    if decode == "hw" and not has_hw:
+        raise ValueError(f"decode: 'hw' needs cvt.rn.f16x2.e2m1x2 (sm_100a or newer), not {arch}")
+    return decode
+
+
+def has_tvm_ffi() -> bool:
+    """Whether apache-tvm-ffi imports: then the kernels are compiled for TVM-FFI calls."""
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def compile_target(arch: str | None = None) -> str:
+    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
+    Raises RuntimeError where the DSL cannot build the kernels or there is no target."""
+    if DSL_PROBLEM is not None:
+        raise RuntimeError(DSL_PROBLEM)
+    arch = arch or capabilities().cute_arch
+    if arch is None:
+        raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
+    return arch
+
+
+def compile_launch(launch, example_args, arch: str | None = None, options: str = "", tvm_ffi: bool | None = None):
+    """``cute.compile`` of a ``@cute.jit`` function ``launch(*example_args, stream)`` for `arch`
+    (`compile_target`), no GPU needed: every CuTe kernel of the workbook is compiled here. For
+    TVM-FFI calls where apache-tvm-ffi is installed (or as `tvm_ffi` says); `options` are extra
+    CuTe DSL compile options."""
+    arch = compile_target(arch)
+    from cutlass.cute.runtime import make_fake_stream  # the DSL is there: compile_target checked it
+
+    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    return cute.compile(launch, *example_args, make_fake_stream(),
+                        options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
