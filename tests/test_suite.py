@@ -136,10 +136,12 @@ def _check_csv(path, expect_paths):
         assert tuple(f.readline().strip().split(",")) == bench_report.COLUMNS
     ceilings = [r for r in rows if r["kind"] == "ceiling"]
     assert {r["path"] for r in ceilings} == {"copy", "reduction", "read-cute", "read-triton", "read-torch",
-                                             "read-torch-clean"}
+                                             "read-torch-clean", "read-triton-xor-plain",
+                                             "read-triton-xor-evict-first", "read-triton-xor-cg"}
     assert all(r["kernel_gbps"] > 0 for r in ceilings if r["path"] in ("copy", "reduction"))
     assert {r["path"]: r["note"] for r in ceilings if r["status"] == "skipped"} == {
-        "read-cute": "needs a CUDA GPU", "read-triton": "needs a CUDA GPU"}
+        name: "needs a CUDA GPU" for name in ("read-cute", "read-triton", "read-triton-xor-plain",
+                                              "read-triton-xor-evict-first", "read-triton-xor-cg")}
     plan = suite.Plan.for_machine(cuda=False, quick=True)
     reads = [r for r in ceilings if r["path"].startswith("read-torch")]
     assert all(r["status"] == "ok" and r["kernel_us"] > 0 and r["leaderboard_us"] > 0 for r in reads)
@@ -320,7 +322,7 @@ def test_summary_and_figures_hold_paths_against_the_best_read():
             plt.close(fig)
 
 
-@pytest.mark.parametrize("path", sorted(bench_report.RESULTS_DIR.glob("*.csv")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", bench_report.committed_results(), ids=lambda p: p.name)
 def test_committed_results_load_and_draw(path):
     rows = bench_report.load_results(path)
     text = bench_report.summary_table(rows, ("benchmark",))

@@ -241,10 +241,10 @@ def why_not() -> str | None:
 
 
 def output_path(out: str | None) -> Path:
-    from nvfp4lib.bench.report import device_slug
-    from nvfp4lib.locations import REPO_ROOT
+    from nvfp4lib.bench.report import PROFILE_SUFFIX, device_slug
+    from nvfp4lib.locations import RESULTS_DIR
 
-    return Path(out) if out else REPO_ROOT / "results" / f"{device_slug()}_profile.csv"
+    return Path(out) if out else RESULTS_DIR / f"{device_slug()}{PROFILE_SUFFIX}.csv"
 
 
 def write_profile(rows: list[dict], path) -> None:

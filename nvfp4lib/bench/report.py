@@ -117,6 +117,14 @@ def load_results(path: Path | str) -> list[dict]:
         return [{c: _parse(c, v) for c, v in row.items()} for row in csv.DictReader(f)]
 
 
+PROFILE_SUFFIX = "_profile"  # results/<device>_profile.csv: Nsight Compute counters (bench.profile), another schema
+
+
+def committed_results() -> list[Path]:
+    """The committed CSVs in the benchmark schema (`COLUMNS`): results/*.csv but the profiles."""
+    return sorted(p for p in RESULTS_DIR.glob("*.csv") if not p.stem.endswith(PROFILE_SUFFIX))
+
+
 def find_results(slug: str | None = None) -> Path | None:
     """The best results CSV for a notebook: this device's `make bench` output, else a committed
     results/<device>.csv for it, else any committed results CSV; None if there is none.
@@ -125,7 +133,7 @@ def find_results(slug: str | None = None) -> Path | None:
     candidates = []
     if slug != "cpu":
         candidates += [BENCH_DIR / f"{slug}.csv", RESULTS_DIR / f"{slug}.csv"]
-    candidates += sorted(p for p in RESULTS_DIR.glob("*.csv") if p.stem != "cpu")
+    candidates += [p for p in committed_results() if p.stem != "cpu"]
     return next((p for p in candidates if p.is_file()), None)
 
 
