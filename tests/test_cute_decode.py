@@ -24,8 +24,8 @@ def test_cute_modules_import_without_the_dsl():
         from nvfp4lib.cute import ptx as cute_ptx
         from nvfp4lib.study import decode_models
         assert cute_ptx.cute is None and cute_gemv.cute is None
-        assert cute_gemv.DSL_PROBLEM.startswith("the CuTe DSL could not be imported (ModuleNotFoundError"), \\
-            cute_gemv.DSL_PROBLEM
+        assert cute_ptx.DSL_PROBLEM.startswith("the CuTe DSL could not be imported (ModuleNotFoundError"), \\
+            cute_ptx.DSL_PROBLEM
         try:
             cute_gemv.compile_gemv("fast", "sm_100a")
         except RuntimeError as err:
