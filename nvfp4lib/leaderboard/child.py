@@ -262,7 +262,7 @@ class Runner:
     def send(self, message: dict, frames=()) -> None:
         data = self._dumps(message, allow_nan=False, separators=(",", ":")).encode()
         self.write_all(FRAME.pack(len(data)) + data)
-        for host in frames:  # CPU tensors, contiguous
+        for host in frames:  # CPU tensors, contiguous (checked by `serve`)
             nbytes = host.numel() * host.element_size()
             self.write_all(FRAME.pack(nbytes))
             if nbytes:
@@ -307,7 +307,7 @@ class Runner:
     def build(self, spec: dict, raw: bytearray):
         """An input tensor with the evaluator's layout from its storage bytes."""
         torch = self.torch
-        flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8)
+        flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8, device="cpu")
         flat = flat.to(self.device)
         return flat.view(getattr(torch, spec["dtype"].rpartition(".")[2])).as_strided(spec["shape"], spec["stride"])
 
@@ -384,11 +384,11 @@ class Runner:
             if out.dtype != c.dtype or tuple(out.shape) != tuple(c.shape):
                 return {"description": record}
             if out.device.type == "cuda":
-                host = torch.empty(tuple(c.shape), dtype=c.dtype, pin_memory=True)
+                host = torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu", pin_memory=True)
                 with torch.cuda.stream(stream):
                     host.copy_(out.detach(), non_blocking=True)
             else:
-                host = torch.empty(tuple(c.shape), dtype=c.dtype).copy_(out.detach())
+                host = torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu").copy_(out.detach())
         except BaseException as err:  # noqa: BLE001 - a hostile object
             return {"description": record, "error": f"its output could not be read here: {describe(err)}"}
         record["values"] = True
@@ -401,7 +401,7 @@ class Runner:
         if not record["description"]["values"]:
             return record["description"], []
         c = self.given[-1]
-        settled = self.torch.empty(tuple(c.shape), dtype=c.dtype).copy_(record["out"].detach())
+        settled = self.torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu").copy_(record["out"].detach())
         return record["description"], [record["at_return"], settled]
 
     def _storage_bytes(self, t):
@@ -450,6 +450,8 @@ class Runner:
             frames = [self.read_frame() for _ in request.get("tensors", ())]
             try:
                 answer, copies = handlers[request["kind"]](request, frames)
+                if not all(c.device.type == "cpu" and c.is_contiguous() for c in copies):
+                    raise Unreadable("a copy made here is not a contiguous CPU tensor (were torch's defaults changed?)")
             except Unreadable as err:
                 answer, copies = {"kind": "error", "error": text(err.args[0])}, []
             except BaseException as err:  # noqa: BLE001 - whatever the submission does, the evaluator gets an answer
