@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from nvfp4lib.leaderboard.child import LANDLOCK_ENV_VAR
 from nvfp4lib.leaderboard.modes import (CALL_TIMEOUT_S, CHECK_CASES, TIME_LIMIT_S, TIMED_CASES, CheckFailed,
                                         evaluate, import_isolated, is_b200, run_benchmarks, run_case, run_tests)
 from nvfp4lib.leaderboard.process import (OUTPUT_PREFIX, EvaluationInterrupted, SubmissionProcess,
@@ -56,18 +57,20 @@ dtype or shape or sharing an input's memory, wrong or unwritten or stale values,
 A missing file, a folder, a FIFO, a file that is not UTF-8 or not .py fails without running.
 
 What is closed off: {PACKAGE} cannot be imported in the submission's process (by any import
-route: its folder is off sys.path, a finder refuses its name), and Python's opening of a file in
-its folder is refused. Where the kernel has Landlock (Linux 5.13+; the evaluation's first lines
-say whether it was used), the package's folder is also out of reach of the file system calls of
+route: its folders are off sys.path, a finder refuses its name), and Python's opening of a file in
+its folders is refused (this checkout's, and any other the import system there would load it
+from, e.g. an editable install). Where the kernel has Landlock (Linux 5.13+; the evaluation's first
+lines say whether it was used), those folders are also out of reach of the file system calls of
 that process and of every process it starts: no route (a directory descriptor with
-os.open(..., dir_fd=...), ctypes, another program) can read, list, run or change anything in it;
+os.open(..., dir_fd=...), ctypes, another program) can read, list, run or change anything in them;
 and with Landlock ABI 6 (Linux 6.12+) none of them can send a signal to the evaluator. Without
-Landlock, a file determined to read the package's files can: the guards are Python's own. This
-process is a child subreaper while it evaluates: every process the submission starts (also one
-that calls setsid() or whose parent exits) is killed before the verdict is printed, and none of
-them holds this process's stdout or stderr. It is non-dumpable meanwhile (other processes of the
-user cannot open its /proc files or trace it). A signal that would end it (SIGTERM, SIGHUP, SIGINT,
-SIGUSR1, ...) ends the evaluation with a FAILED verdict instead.
+Landlock (or with {LANDLOCK_ENV_VAR}=off, to see what such a machine gets), a file determined
+to read the package's files can: the guards are Python's own. This process is a child subreaper
+while it evaluates: every process the submission starts (also one that calls setsid() or whose
+parent exits) is killed before the verdict is printed, and none of them holds this process's
+stdout or stderr. It is non-dumpable meanwhile (other processes of the user cannot open its /proc
+files or trace it). A signal that would end it (SIGTERM, SIGHUP, SIGINT, SIGUSR1, ...) ends the
+evaluation with a FAILED verdict instead.
 
 What is NOT isolated: this is not a sandbox. The submission runs with your permissions: it can
 read and write your other files (other copies of {PACKAGE} too: a git checkout's objects, other

@@ -355,7 +355,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
                                    log)
                 finally:
                     process.close()  # its exit handlers' output too
-                    _keep_output(report, process)
+                    _keep_output(report, process, say)
                 if not loaded or process.ended:
                     break
     except EvaluationInterrupted as err:
@@ -374,9 +374,13 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     return report
 
 
-def _keep_output(report: Report, process: SubmissionProcess) -> None:
+def _keep_output(report: Report, process: SubmissionProcess, say) -> None:
     report.output = (report.output + process.output)[-(64 << 10):]
     report.output_bytes += process.output_bytes
+    if process.left_running:
+        report.notes.append(f"processes {', '.join(map(str, process.left_running))} of the submission's were killed "
+                            f"but had not ended yet (stuck in the kernel?)")
+        say(report.notes[-1])
 
 
 def _run_phase(process, phase, report, cases, shapes, device, seed, secret_seed, reps, warmup, log) -> None:

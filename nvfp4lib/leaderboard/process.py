@@ -363,6 +363,7 @@ class SubmissionProcess:
         self._exit_info = None
         self._closed = False
         self._busy = False
+        self.left_running: list[int] = []  # pids the kernel had not ended KILL_WAIT_S after SIGKILL
         self._fds: list[int] = []
         supervision.__enter__()
         try:
@@ -693,14 +694,15 @@ class SubmissionProcess:
         raise SubmissionProcessEnded(message)
 
     def _kill(self) -> None:
-        with contextlib.suppress(OSError):
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self._proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(KILL_WAIT_S)
+        if self._proc.returncode is None:  # not reaped yet: its pid (and group id) are still its own
+            with contextlib.suppress(OSError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(KILL_WAIT_S)
         supervision.live.discard(self._proc.pid)
-        supervision.end_descendants()
+        self.left_running = supervision.end_descendants()
 
     def close(self) -> None:
         """Ask the process to stop (its exit handlers run, briefly, within the deadline), then end it
