@@ -25,6 +25,7 @@ only the standard library; torch comes in `main`, after Landlock is in place.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import ctypes
 import importlib.abc
 import importlib.machinery
@@ -276,6 +277,13 @@ class Runner:
     def configure(self, config: dict, torch_module) -> None:
         torch = self.torch = torch_module
         self.device = torch.device(config["device"])
+        base = torch._C.TensorBase  # an immutable type: its methods cannot be replaced, only shadowed in Tensor
+        self.t = types.SimpleNamespace(  # what the copies out use, taken before the submission runs
+            empty=torch.empty, frombuffer=torch.frombuffer, copy=base.copy_, detach=base.detach, set=base.set_,
+            to=base.to, storage=base.untyped_storage, no_functions=torch._C.DisableTorchFunction,
+            no_modes=torch.utils._python_dispatch._disable_current_modes, current_stream=torch.cuda.current_stream,
+            set_stream=torch.cuda.set_stream, stream=torch.cuda.stream, synchronize=torch.cuda.synchronize,
+            strided=torch.strided, uint8=torch.uint8, tensor=torch.Tensor)
         self.names = list(config["input_names"])
         timing = sys.modules["leaderboard_timing"] = types.ModuleType("leaderboard_timing")
         exec(compile(config["timing_source"], "<the timing code of nvfp4lib.bench.timing>", "exec"), timing.__dict__)
@@ -309,50 +317,59 @@ class Runner:
 
     def build(self, spec: dict, raw: bytearray):
         """An input tensor with the evaluator's layout from its storage bytes."""
-        torch = self.torch
-        flat = torch.frombuffer(raw, dtype=torch.uint8) if len(raw) else torch.empty(0, dtype=torch.uint8, device="cpu")
-        flat = flat.to(self.device)
+        torch, t = self.torch, self.t
+        flat = t.frombuffer(raw, dtype=t.uint8) if len(raw) else t.empty(0, dtype=t.uint8, device="cpu")
+        flat = t.to(flat, self.device)
         return flat.view(getattr(torch, spec["dtype"].rpartition(".")[2])).as_strided(spec["shape"], spec["stride"])
 
     def _caller_stream(self):
-        return self.torch.cuda.current_stream() if self.device.type == "cuda" else None
+        return self.t.current_stream() if self.device.type == "cuda" else None
+
+    def _plain(self):
+        """No torch function or dispatch mode, nor subclass handling, of the submission's in what follows."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(self.t.no_functions())
+        stack.enter_context(self.t.no_modes())
+        return stack
 
     def _bound(self, caller):
         """The kernel on the current tensors, leaving the caller's stream current whatever it set."""
-        kernel, given, torch = self.kernel, self.given, self.torch
+        kernel, given, set_stream = self.kernel, self.given, self.t.set_stream
 
         def call():
             out = kernel(given)
             if caller is not None:
-                torch.cuda.set_stream(caller)
+                set_stream(caller)
             return out
         return call
 
     def call(self, request: dict, frames: list[bytearray]) -> tuple[dict, list]:
-        torch = self.torch
-        fresh = [self.build(spec, raw) for spec, raw in zip(request["tensors"], frames)]
-        if request["reuse"] and self.given is not None:  # the previous call's tensors, new values
-            for dst, src in zip(self.given, fresh):
-                self._storage_bytes(dst).copy_(self._storage_bytes(src))
-        else:
-            self.given = tuple(fresh)
-        del fresh
-        given = self.given
-        ptrs = [t.untyped_storage().data_ptr() for t in given]
+        t = self.t
+        with self._plain():
+            fresh = [self.build(spec, raw) for spec, raw in zip(request["tensors"], frames)]
+            if request["reuse"] and self.given is not None:  # the previous call's tensors, new values
+                for dst, src in zip(self.given, fresh):
+                    t.copy(self._storage_bytes(dst), self._storage_bytes(src))
+            else:
+                self.given = tuple(fresh)
+            del fresh
+            given = self.given
+            ptrs = [t.storage(x).data_ptr() for x in given]
         caller = self._caller_stream()
         call, records = self._bound(caller), []
         if request["timed"]:  # ranked mode: timed as the leaderboard times a call
             out, us = self.timing.time_one_call(call, after_end=lambda out: records.append(self.capture(out, caller)))
         else:
             if caller is not None:
-                torch.cuda.synchronize()
+                t.synchronize()
             out, us = call(), None
             records.append(self.capture(out, caller))
         if caller is not None:
-            torch.cuda.synchronize()
+            t.synchronize()
         description, copies = self.settle(records[0])
         try:
-            inputs, input_copies = self.inputs_after(given, request["tensors"], ptrs)
+            with self._plain():
+                inputs, input_copies = self.inputs_after(given, request["tensors"], ptrs)
         except BaseException as err:  # noqa: BLE001 - e.g. a storage the kernel replaced
             raise Unreadable(f"its inputs could not be read here after the call: {describe(err)}") from None
         return ({"kind": "called", "us": us, "device": str(given[-1].device), "output": description,
@@ -362,40 +379,48 @@ class Runner:
         """Right after the call: what `out` is and, when it is a tensor like c, a copy of its values
         enqueued on the caller's stream (ordered after the call, as the public harness's check is,
         and before anything the caller's stream never waited for)."""
-        torch, c = self.torch, self.given[-1]
+        t, c = self.t, self.given[-1]
         record = {"type": "object", "tensor": False, "exact": False, "layout": None, "device": None, "dtype": None,
                   "shape": None, "shares": [], "values": False}
         try:
-            kind = self._type(out)
-            record["type"] = text(self._getattr(kind, "__name__", "object"), 200)
-            if not self._issubclass(kind, torch.Tensor):
-                return {"description": record}
-            record["tensor"], record["exact"] = True, kind is torch.Tensor
-            if not record["exact"]:
-                return {"description": record}
-            record.update(layout=self._str(out.layout), device=self._str(out.device), dtype=self._str(out.dtype),
-                          shape=[int(n) for n in out.shape])
-            if out.layout != torch.strided or out.device != c.device:
-                return {"description": record}
-            storage = out.untyped_storage()
-            start, size = storage.data_ptr(), storage.nbytes()
-            for name, t in zip(self.names, self.given[:-1]):
-                other = t.untyped_storage()
-                begin, n = other.data_ptr(), other.nbytes()
-                if size and n and start < begin + n and begin < start + size:
-                    record["shares"].append(name)
-            if out.dtype != c.dtype or tuple(out.shape) != tuple(c.shape):
-                return {"description": record}
-            if out.device.type == "cuda":
-                host = torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu", pin_memory=True)
-                with torch.cuda.stream(stream):
-                    host.copy_(out.detach(), non_blocking=True)
-            else:
-                host = torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu").copy_(out.detach())
+            with self._plain():
+                host = self._capture(out, stream, record, t, c)
         except BaseException as err:  # noqa: BLE001 - a hostile object
             return {"description": record, "error": f"its output could not be read here: {describe(err)}"}
+        if host is None:
+            return {"description": record}
         record["values"] = True
         return {"description": record, "at_return": host, "out": out}
+
+    def _capture(self, out, stream, record, t, c):
+        """`capture`'s work: fills `record` in, returns the copy of the values (None if none can be made)."""
+        kind = self._type(out)
+        record["type"] = text(self._getattr(kind, "__name__", "object"), 200)
+        if not self._issubclass(kind, t.tensor):
+            return None
+        record["tensor"], record["exact"] = True, kind is t.tensor
+        if not record["exact"]:
+            return None
+        record.update(layout=self._str(out.layout), device=self._str(out.device), dtype=self._str(out.dtype),
+                      shape=[int(n) for n in out.shape])
+        if out.layout != t.strided or out.device != c.device:
+            return None
+        storage = t.storage(out)
+        start, size = storage.data_ptr(), storage.nbytes()
+        for name, given in zip(self.names, self.given[:-1]):
+            other = t.storage(given)
+            begin, n = other.data_ptr(), other.nbytes()
+            if size and n and start < begin + n and begin < start + size:
+                record["shares"].append(name)
+        if out.dtype != c.dtype or tuple(out.shape) != tuple(c.shape):
+            return None
+        if out.device.type == "cuda":
+            host = t.empty(tuple(c.shape), dtype=c.dtype, device="cpu", pin_memory=True)
+            with t.stream(stream):
+                t.copy(host, t.detach(out), non_blocking=True)
+        else:
+            host = t.copy(t.empty(tuple(c.shape), dtype=c.dtype, device="cpu"), t.detach(out))
+        return host
 
     def settle(self, record: dict) -> tuple[dict, list]:
         """After the device is idle: the output's description, and the copy made at return with one made now."""
@@ -403,25 +428,27 @@ class Runner:
             raise Unreadable(record["error"])
         if not record["description"]["values"]:
             return record["description"], []
-        c = self.given[-1]
-        settled = self.torch.empty(tuple(c.shape), dtype=c.dtype, device="cpu").copy_(record["out"].detach())
+        c, t = self.given[-1], self.t
+        with self._plain():
+            settled = t.copy(t.empty(tuple(c.shape), dtype=c.dtype, device="cpu"), t.detach(record["out"]))
         return record["description"], [record["at_return"], settled]
 
-    def _storage_bytes(self, t):
-        return self.torch.empty(0, dtype=self.torch.uint8, device=t.device).set_(t.untyped_storage())
+    def _storage_bytes(self, x):
+        t = self.t
+        return t.set(t.empty(0, dtype=t.uint8, device=x.device), t.storage(x))
 
     def inputs_after(self, given, specs, ptrs) -> tuple[list, list]:
         """What each input is after the call, and the bytes of its storage when that has its size."""
         found, copies = [], []
-        for t, spec, ptr in zip(given[:-1], specs, ptrs):
-            storage = t.untyped_storage()
-            entry = {"dtype": str(t.dtype), "shape": [int(n) for n in t.shape], "stride": [int(n) for n in t.stride()],
-                     "offset": int(t.storage_offset()), "device": str(t.device), "nbytes": int(storage.nbytes()),
+        for x, spec, ptr in zip(given[:-1], specs, ptrs):
+            storage = self.t.storage(x)
+            entry = {"dtype": str(x.dtype), "shape": [int(n) for n in x.shape], "stride": [int(n) for n in x.stride()],
+                     "offset": int(x.storage_offset()), "device": str(x.device), "nbytes": int(storage.nbytes()),
                      "moved": storage.data_ptr() != ptr, "bytes": storage.nbytes() == spec["nbytes"]}
             found.append(entry)
             if entry["bytes"]:
-                raw = self._storage_bytes(t)
-                copies.append(raw.to("cpu") if raw.device.type != "cpu" else raw)
+                raw = self._storage_bytes(x)
+                copies.append(self.t.to(raw, "cpu") if raw.device.type != "cpu" else raw)
         return found, copies
 
     def time_calls(self, request: dict) -> tuple[dict, list]:

@@ -23,6 +23,7 @@ back, never by code running there.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -220,10 +221,12 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
         checks.append(result)
         say(result.line())
         if timing is not None:
-            bw = gbps(bytes_moved(shape), timing.mean_us)
+            fast = timing.mean_us <= 0  # below the clock's resolution
+            bw = math.inf if fast else gbps(bytes_moved(shape), timing.mean_us)
             sol = B200_SPEED_OF_LIGHT_US.get(shape)
             rows.append(BenchResult(shape, timing, bw, percent(bw, copy_gbps),
-                                    percent(sol, timing.mean_us) if b200 and sol else None, checked))
+                                    (math.inf if fast else percent(sol, timing.mean_us)) if b200 and sol else None,
+                                    checked))
         if process.ended or (ranked and not result.ok):
             break
     return rows, checks

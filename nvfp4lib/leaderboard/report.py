@@ -23,6 +23,12 @@ Exit codes:
 _DETAILED_FAILURES = 3  # failures printed in full at the end; the rest by their first line
 
 
+def _geomean(values) -> float:
+    """The geomean (timing.geomean), 0 where a value is 0 (a time below the clock's resolution)."""
+    values = list(values)
+    return 0.0 if values and min(values) <= 0 else geomean(values)
+
+
 def shape_text(shape: Shape) -> str:
     return "x".join(map(str, shape))
 
@@ -65,9 +71,9 @@ def format_bench_table(rows: list[BenchResult]) -> str:
                  f"{t.worst_us:.2f}", str(t.n), f"{r.bandwidth_gbps:.0f}", f"{r.percent_of_copy:.1f}"]
         body.append(cells + ([f"{r.percent_of_b200_sol:.1f}"] if show_sol else []))
     if rows:
-        cells = ["geomean", f"{geomean(r.timing.mean_us for r in rows):.2f}", "", "", "", "", "",
-                 f"{geomean(r.bandwidth_gbps for r in rows):.0f}", f"{geomean(r.percent_of_copy for r in rows):.1f}"]
-        body.append(cells + ([f"{geomean(r.percent_of_b200_sol for r in rows):.1f}"] if show_sol else []))
+        cells = ["geomean", f"{_geomean(r.timing.mean_us for r in rows):.2f}", "", "", "", "", "",
+                 f"{_geomean(r.bandwidth_gbps for r in rows):.0f}", f"{_geomean(r.percent_of_copy for r in rows):.1f}"]
+        body.append(cells + ([f"{_geomean(r.percent_of_b200_sol for r in rows):.1f}"] if show_sol else []))
     lines = text_table(header, body, left=1).split("\n")
     if rows:
         lines.insert(len(lines) - 1, lines[1])  # a rule above the geomean row
@@ -117,12 +123,12 @@ class Report:
     @property
     def geomean_us(self) -> float | None:
         """Geomean over the shapes of benchmark mode's leaderboard time (the mean of each)."""
-        return geomean(r.timing.mean_us for r in self.bench) if self.bench else None
+        return _geomean(r.timing.mean_us for r in self.bench) if self.bench else None
 
     @property
     def ranked_geomean_us(self) -> float | None:
         """Geomean over the shapes of ranked mode's leaderboard time: what the leaderboard ranks by."""
-        return geomean(r.timing.mean_us for r in self.ranked) if self.ranked else None
+        return _geomean(r.timing.mean_us for r in self.ranked) if self.ranked else None
 
     def summary(self) -> str:
         if self.failures:
