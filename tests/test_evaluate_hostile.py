@@ -226,11 +226,19 @@ def test_inputs_changed_behind_replaced_comparisons_are_found_here(tmp_path):
         torch.Tensor.__eq__ = lambda *args, **kwargs: True
         torch.allclose = lambda *args, **kwargs: True
         builtins.issubclass = lambda *args: True
+        REAL_STORAGE, ORIGINALS = torch.Tensor.untyped_storage, {}
+
+        def lying_storage(self):  # the storage of an untouched copy, for the input it changed
+            original = ORIGINALS.get(self.data_ptr())
+            return REAL_STORAGE(self if original is None else original)
+
+        torch.Tensor.untyped_storage = lying_storage
 
         def custom_kernel(data):
             out = gemv(data)
+            ORIGINALS[data[0].data_ptr()] = data[0].clone()
             data[0].view(torch.uint8).zero_()        # through a view
-            data[3].untyped_storage().fill_(0)       # through the storage
+            REAL_STORAGE(data[3]).fill_(0)           # through the storage
             return out
     ''')
     report = evaluate(path, "test", shapes=[SHAPE])
