@@ -656,6 +656,23 @@ def test_timed_calls_run_in_the_submission_process(folder):
                  + "raised RuntimeError: only the first call works")]
 
 
+def test_benchmark_mode_goes_on_after_a_failing_shape_and_ranked_mode_stops(folder):
+    """The leaderboard's two timed modes after a wrong result at L = 2 (the first shape here)."""
+    wrong_at_l2 = '''
+        def custom_kernel(data: input_t) -> output_t:
+            out = gemv(data)
+            return out.neg_() if out.shape[2] == 2 else out
+    '''
+    cpu, shapes = torch.device("cpu"), [SHAPES[1], SHAPES[0]]
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(folder, "wrong_at_l2", wrong_at_l2)).ok
+        rows, checks = run_benchmarks(process, shapes, cpu, copy_gbps=100.0, rule=ONLY_CALLS[2])
+        assert [(c.shape, c.ok) for c in checks] == [(SHAPES[1], False), (SHAPES[0], True)]
+        assert [r.shape for r in rows] == [SHAPES[0]] and checks[0].message.startswith("wrong result")
+        rows, checks = run_benchmarks(process, shapes, cpu, copy_gbps=100.0, mode="ranked", rule=ONLY_CALLS[2])
+        assert not rows and [(c.shape, c.ok) for c in checks] == [(SHAPES[1], False)]
+
+
 def test_the_leaderboards_stopping_rules_and_their_caps():
     assert stopping_rules("benchmark") == (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE)
     assert stopping_rules("ranked") == (RANKED_RULE, RANKED_WARMUP_RULE)
