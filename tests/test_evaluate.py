@@ -18,13 +18,15 @@ import torch
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, RANKED_RULE, RANKED_WARMUP_RULE, StoppingRule,
                             summarize)
 from nvfp4lib.contract import Shape
-from nvfp4lib.leaderboard.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED, Report,
-                               SubmissionProcess, check_secret_seed, data_seed, evaluate, format_bench_table,
-                               import_isolated, main, run_benchmarks, run_tests, seed_of_benchmark, seed_of_test,
-                               stopping_rules)
-from nvfp4lib.bench.harness import RANKED_SEED_STEP, combine_seed
+from nvfp4lib.leaderboard.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION,
+                                           RANKED_SEED_STEP, Report, SubmissionProcess, check_secret_seed,
+                                           combine_seed, data_seed, evaluate, format_bench_table, import_isolated,
+                                           main, run_benchmarks, run_tests, seed_of_benchmark, seed_of_test,
+                                           stopping_rules)
 from nvfp4lib.locations import PACKAGE_DIR
 from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
+from nvfp4lib.leaderboard import child
+from nvfp4lib.leaderboard.process import Called, Output
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
@@ -177,6 +179,12 @@ KERNELS = {
 }
 
 
+def tensor_like_c(c: torch.Tensor) -> dict:
+    """How the submission's process describes a returned tensor like `c` (dense, float16, c's shape)."""
+    return {"type": "Tensor", "tensor": True, "exact": True, "layout": "torch.strided", "device": str(c.device),
+            "dtype": "torch.float16", "shape": list(c.shape), "shares": [], "values": True}
+
+
 def _write(tmp_path, name: str, kernel: str, prologue: str = PROLOGUE):
     path = tmp_path / f"{name}.py"
     path.write_text(prologue + "\n\n" + textwrap.dedent(kernel).strip() + "\n")
@@ -204,11 +212,15 @@ def _case(report, shape: Shape, case: str):
     return next(c for c in report.cases if c.shape == shape and c.case == case)
 
 
-def test_correct_submission_passes(folder, reports):
+def test_correct_submission_passes_what_it_is_given(folder, reports):
+    """Two shapes of the nine pass, and the verdict says that the other seven were not checked."""
     report = _run(folder, reports, "correct")
     assert report.ok, report.summary()
-    assert len(report.cases) == len(SHAPES) * len(CASES)
-    assert report.summary().startswith("PASSED")
+    assert len(report.cases) == len(SHAPES) * len(CASES) and all(c.ok for c in report.cases)
+    assert (report.verdict, report.exit_code) == ("INCOMPLETE", 4)
+    missing = len([s for s in TEST_SHAPES if s not in SHAPES])
+    assert report.summary() == (f"INCOMPLETE: {len(report.cases)} checks passed, but not checked here: "
+                                f"{missing} of the {len(TEST_SHAPES)} test shapes (not among the shapes given)")
 
 
 @pytest.mark.parametrize("name, message", [
@@ -266,7 +278,8 @@ def test_a_repeated_wrong_output_is_wrong_not_stale():
         ended = None
 
         def call(self, data, reuse=False):
-            return {"ok": True, "problem": None, "changed": []}, torch.zeros(data[6].shape, dtype=torch.float16)
+            zeros = torch.zeros(data[6].shape, dtype=torch.float16)
+            return Called(output=Output(tensor_like_c(data[6]), zeros, zeros.clone()), device="cpu")
 
     results = run_tests(ZerosProcess(), SHAPES[:1], torch.device("cpu"))
     assert [r.message.splitlines()[0] for r in results] == ["wrong result"] * len(CASES)
@@ -360,46 +373,70 @@ def test_time_limit_bounds_the_whole_evaluation(folder):
                                        "the process was killed")
 
 
-# Every route to nvfp4lib that a submission might take, tried in the process submissions run in.
+# Every route to nvfp4lib that a submission might take, tried in the process submissions run in, and
+# what refuses it: the import guard's message, the file guard's, or (with Landlock) the kernel's.
+NOT_IMPORTED, NOT_READ, DENIED = "No module named 'nvfp4lib'", "cannot read nvfp4lib's files", "Permission denied"
 ROUTES = {
-    "import_module": ("importlib.import_module('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
-    "find_spec": ("importlib.util.find_spec('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
-    "dunder_import": ("__import__('nvfp4lib.reference')", "No module named 'nvfp4lib'"),
-    "import_statement": ("from nvfp4lib.reference import reference_gemv", "No module named 'nvfp4lib'"),
-    "exec_of_an_import": ("exec('import nvfp4lib.reference')", "No module named 'nvfp4lib'"),
+    "import_module": ("importlib.import_module('nvfp4lib.reference')", NOT_IMPORTED),
+    "find_spec": ("importlib.util.find_spec('nvfp4lib.reference')", NOT_IMPORTED),
+    "dunder_import": ("__import__('nvfp4lib.reference')", NOT_IMPORTED),
+    "import_statement": ("from nvfp4lib.reference import reference_gemv", NOT_IMPORTED),
+    "exec_of_an_import": ("exec('import nvfp4lib.reference')", NOT_IMPORTED),
     "sys_modules": ("return sys.modules['nvfp4lib.reference']", "raised KeyError: 'nvfp4lib.reference'"),
     "spec_from_file_location": (
         "spec = importlib.util.spec_from_file_location('v', os.path.join(PACKAGE_DIR, 'contract.py'))\n"
-        "spec.loader.exec_module(importlib.util.module_from_spec(spec))", "cannot read nvfp4lib's files"),
-    "run_path": ("runpy.run_path(os.path.join(PACKAGE_DIR, 'contract.py'))", "cannot read nvfp4lib's files"),
-    "read_and_exec": ("exec(open(os.path.join(PACKAGE_DIR, 'contract.py')).read(), {})",
-                      "cannot read nvfp4lib's files"),
-    "finder_removed_and_path_restored": (
+        "spec.loader.exec_module(importlib.util.module_from_spec(spec))", NOT_READ),
+    "run_path": ("runpy.run_path(os.path.join(PACKAGE_DIR, 'contract.py'))", NOT_READ),
+    "read_and_exec": ("exec(open(os.path.join(PACKAGE_DIR, 'contract.py')).read(), {})", NOT_READ),
+    "finder_removed_and_path_restored": (  # an installed (editable) copy is found then: guarded as well
         "finders = sys.meta_path[:]\n"
         "sys.meta_path[:] = [f for f in finders if type(f).__name__ != 'RefusePackage']\n"
         "sys.path.insert(0, os.path.dirname(PACKAGE_DIR))\n"
         "try:\n    import nvfp4lib.contract\nfinally:\n    sys.meta_path[:] = finders\n    sys.path.pop(0)",
-        "cannot read nvfp4lib's files"),
+        (NOT_READ, NOT_IMPORTED, DENIED)),
     "symlinked_folder": (
         "os.symlink(PACKAGE_DIR, 'alias')\nsys.path.insert(0, os.getcwd())\n"
-        "try:\n    importlib.import_module('alias.contract')\nfinally:\n    sys.path.pop(0)",
-        "cannot read nvfp4lib's files"),
+        "try:\n    importlib.import_module('alias.contract')\nfinally:\n    sys.path.pop(0)", NOT_READ),
+}
+# Routes past Python's guards: closed by Landlock where the kernel has it, open where it has not (as
+# --help says). Each raises if it could not read the file.
+KERNEL_ROUTES = {
+    "directory_descriptor": "fd = os.open(os.path.dirname(PACKAGE_DIR), os.O_RDONLY | os.O_DIRECTORY)\n"
+                            "os.close(os.open('nvfp4lib/contract.py', os.O_RDONLY, dir_fd=fd))",
+    "path_descriptor": "fd = os.open(os.path.dirname(PACKAGE_DIR), os.O_PATH)\n"
+                       "os.close(os.open('nvfp4lib/contract.py', os.O_RDONLY, dir_fd=fd))",
+    "another_program": "done = subprocess.run(['cat', os.path.join(PACKAGE_DIR, 'contract.py')], capture_output=True,\n"
+                       "                      text=True)\n"
+                       "if done.returncode:\n    raise PermissionError(done.stderr)",
+    "ctypes_open": "import ctypes\nfd = ctypes.CDLL(None, use_errno=True).open(\n"
+                   "    os.path.join(PACKAGE_DIR, 'contract.py').encode(), 0)\n"
+                   "if fd < 0:\n    raise PermissionError(os.strerror(ctypes.get_errno()))\nos.close(fd)",
+    "copied_then_imported": "shutil.copytree(PACKAGE_DIR, os.path.join(os.getcwd(), 'copy', 'nvfp4lib'))",
 }
 
 
 def test_no_route_reaches_nvfp4lib(tmp_path):
     """Imports of any kind (at call time here: `reach` runs after the import), the module table, and
-    loading or reading the package's files by path."""
+    loading or reading the package's files by path; with Landlock also a directory descriptor,
+    another program, ctypes and a copy."""
     files = {}
-    for name, (route, _) in ROUTES.items():
+    for name, route in {**{n: r for n, (r, _) in ROUTES.items()}, **KERNEL_ROUTES}.items():
         body = textwrap.indent(route, "    ")
         files[name] = tmp_path / f"{name}.py"
-        files[name].write_text(f"import importlib, importlib.util, os, runpy, sys\n"
+        files[name].write_text(f"import importlib, importlib.util, os, runpy, shutil, subprocess, sys\n"
                                f"PACKAGE_DIR = {str(PACKAGE_DIR)!r}\n\n\ndef reach():\n{body}\n    return 'reached'\n")
     results = import_isolated(files.values(), "submission.reach()")
-    for name, (_, message) in ROUTES.items():
+    for name, (_, messages) in ROUTES.items():
         ok, value = results[str(files[name].resolve())]
-        assert not ok and message in value, f"{name}: {value}"
+        assert not ok and any(m in value for m in (messages if isinstance(messages, tuple) else (messages,))), \
+            f"{name}: {value}"
+    landlock = child.landlock_abi() > 0
+    for name in KERNEL_ROUTES:
+        ok, value = results[str(files[name].resolve())]
+        if landlock:
+            assert not ok and (DENIED in value or "Operation not permitted" in value), f"{name}: {value}"
+        else:
+            assert ok and value == "reached", f"{name}: {value} (the route --help names as open without Landlock)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,14 +520,19 @@ def test_cpu_shapes_are_a_documented_subset():
 def test_without_cuda_timing_is_skipped_with_a_note(folder, mode, skipped):
     report = evaluate(_write(folder, "correct", KERNELS["correct"]), mode)
     assert report.ok and not report.bench and not report.ranked and not report.cases
-    assert report.notes == [f"timing needs a CUDA GPU: {skipped} skipped"]
+    assert report.notes == [f"timing needs a CUDA GPU: {skipped} not run"]
+    assert report.verdict == "INCOMPLETE" and report.exit_code == 4
+    assert report.summary() == (f"INCOMPLETE: 0 checks passed, but not checked here: {skipped} mode (timing needs a "
+                                f"CUDA GPU) (only the import was checked)")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
 def test_mode_all_runs_the_tests_and_names_both_timed_modes_it_skips(folder):
     report = evaluate(_write(folder, "correct", KERNELS["correct"]), "all", shapes=SHAPES[:1])
     assert report.ok and len(report.cases) == len(CASES)
-    assert report.notes[0] == "timing needs a CUDA GPU: benchmark and ranked skipped"
+    assert report.notes[0] == "timing needs a CUDA GPU: benchmark and ranked not run"
+    assert report.unchecked[-2:] == ["benchmark mode (timing needs a CUDA GPU)",
+                                     "ranked mode (timing needs a CUDA GPU)"]
 
 
 # The timed modes on the CPU's wall clock, with short rules (no time is asserted, only what ran).
@@ -523,7 +565,7 @@ def _fingerprint(shape: Shape, seed: int) -> str:
 def _timed_mode(folder, name: str, kernel: str, mode: str, rule=ONLY_CALLS[4], warmup_rule=ONLY_CALLS[2], **kw):
     cpu = torch.device("cpu")
     with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
-        assert process.load(_write(folder, name, kernel))["ok"]
+        assert process.load(_write(folder, name, kernel)).ok
         return run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, mode=mode, rule=rule, warmup_rule=warmup_rule,
                               **kw)
 
@@ -604,16 +646,33 @@ def test_timed_calls_run_in_the_submission_process(folder):
     '''
     cpu = torch.device("cpu")
     with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
-        assert process.load(_write(folder, "correct", KERNELS["correct"]))["ok"]
+        assert process.load(_write(folder, "correct", KERNELS["correct"])).ok
         rows, checks = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, rule=ONLY_CALLS[2])
         assert all(c.ok for c in checks) and [r.shape for r in rows] == SHAPES
         for mode in ("benchmark", "ranked"):
-            assert process.load(_write(folder, "fails_when_timed", failing))["ok"]
+            assert process.load(_write(folder, "fails_when_timed", failing)).ok
             rows, checks = run_benchmarks(process, SHAPES[:1], cpu, copy_gbps=100.0, mode=mode, rule=ONLY_CALLS[2])
             case = "timed calls" if mode == "benchmark" else "ranked timed calls"
             assert not rows and [(c.case, c.message) for c in checks] == [
                 (case, ("" if mode == "benchmark" else f"timed call 1 (seed {500 + RANKED_SEED_STEP}): ")
                  + "raised RuntimeError: only the first call works")]
+
+
+def test_benchmark_mode_goes_on_after_a_failing_shape_and_ranked_mode_stops(folder):
+    """The leaderboard's two timed modes after a wrong result at L = 2 (the first shape here)."""
+    wrong_at_l2 = '''
+        def custom_kernel(data: input_t) -> output_t:
+            out = gemv(data)
+            return out.neg_() if out.shape[2] == 2 else out
+    '''
+    cpu, shapes = torch.device("cpu"), [SHAPES[1], SHAPES[0]]
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(folder, "wrong_at_l2", wrong_at_l2)).ok
+        rows, checks = run_benchmarks(process, shapes, cpu, copy_gbps=100.0, rule=ONLY_CALLS[2])
+        assert [(c.shape, c.ok) for c in checks] == [(SHAPES[1], False), (SHAPES[0], True)]
+        assert [r.shape for r in rows] == [SHAPES[0]] and checks[0].message.startswith("wrong result")
+        rows, checks = run_benchmarks(process, shapes, cpu, copy_gbps=100.0, mode="ranked", rule=ONLY_CALLS[2])
+        assert not rows and [(c.shape, c.ok) for c in checks] == [(SHAPES[1], False)]
 
 
 def test_the_leaderboards_stopping_rules_and_their_caps():
@@ -631,7 +690,7 @@ def test_the_secret_seed_changes_the_data_of_every_test_case(tmp_path):
     cpu, shape = torch.device("cpu"), SHAPES[0]
     runs = []
     with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
-        assert process.load(_write(tmp_path, "recording", _recording(log)))["ok"]
+        assert process.load(_write(tmp_path, "recording", _recording(log))).ok
         for secret in (None, 123456, 123456):
             results = run_tests(process, [shape], cpu, seed=3, secret_seed=secret)
             assert all(r.ok for r in results)
@@ -655,7 +714,7 @@ def test_a_secret_seed_must_keep_every_seed_a_generator_seed(tmp_path, capsys):
         with pytest.raises(ValueError, match=f"secret_seed: expected an integer from 0 to {low}: mixed into"):
             check_secret_seed(low + 1, seed, ranked_calls=ranked_calls)
     with pytest.raises(ValueError, match="none at all"):
-        check_secret_seed(0, MAX_SEED)
+        check_secret_seed(0, MAX_SEED_OPTION)
     with pytest.raises(ValueError, match="secret_seed: expected an integer >= 0, got -1"):
         evaluate(tmp_path / "x.py", "test", secret_seed=-1)
     with pytest.raises(SystemExit) as exit_:
@@ -697,8 +756,17 @@ def test_report_summary_names_both_timed_modes():
 
 
 def test_cli_passes_a_correct_file_that_prints_at_exit(folder, capsys):
-    assert main([str(_write(folder, "prints_at_exit", KERNELS["prints_at_exit"])), "--mode", "test"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == f"PASSED: {4 * len(CPU_TEST_SHAPES)} checks"
+    """What its exit handler prints goes to its own pipe: never after the verdict, shown only when asked."""
+    path = str(_write(folder, "prints_at_exit", KERNELS["prints_at_exit"]))
+    expected = 0 if torch.cuda.is_available() else 4  # on a CPU, 4 of the 9 test shapes: INCOMPLETE
+    assert main([path, "--mode", "test"]) == expected
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1].startswith(f"{'PASSED' if expected == 0 else 'INCOMPLETE'}: {4 * len(CPU_TEST_SHAPES)} checks")
+    assert not any("printed by an exit handler" in line for line in lines)
+    assert lines[-2].startswith("the submission wrote ") and lines[-2].endswith("--show-output shows them)")
+    assert main([path, "--mode", "test", "--show-output"]) == expected
+    lines = capsys.readouterr().out.splitlines()
+    assert "[submission] printed by an exit handler" in lines[:-1]
 
 
 def test_cli_exit_code_after_sys_exit_in_the_call(folder, capsys):
@@ -720,11 +788,19 @@ def test_cli_exit_code_after_os_exit_in_the_call(folder):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--seed", "1e17"], f"argument --seed: expected an integer from 0 to {MAX_SEED}, got '1e17'"),
-    (["--seed", str(10**17)], f"argument --seed: expected an integer from 0 to {MAX_SEED}, got {10**17}"),
-    (["--reps", "0"], "argument --reps: expected an integer >= 1, got 0"),
-    (["--timeout", "0"], "argument --timeout: expected a positive number of seconds, got 0.0"),
-    (["--time-limit", "nan"], "argument --time-limit: expected a positive number of seconds, got nan"),
+    (["--seed", "1e17"], f"argument --seed: expected an integer from 0 to {MAX_SEED_OPTION}, got '1e17'"),
+    (["--seed", str(10**17)], f"argument --seed: expected an integer from 0 to {MAX_SEED_OPTION}, got {10**17}"),
+    (["--reps", "0"], "argument --reps: expected an integer from 1 to 1000000, got 0"),
+    (["--timeout", "0"], "argument --timeout: expected a positive number of seconds up to 1000000, got 0.0"),
+    (["--time-limit", "nan"], "argument --time-limit: expected a positive number of seconds up to 1000000, got nan"),
+    (["--time-limit", "1e10"], "argument --time-limit: expected a positive number of seconds up to 1000000, got "
+                               "10000000000.0"),
+    (["--timeout", "inf"], "argument --timeout: expected a positive number of seconds up to 1000000, got inf"),
+    (["--timeout", "1e999999"], "argument --timeout: expected a positive number of seconds up to 1000000, got inf"),
+    (["--time-limit", "ten"], "argument --time-limit: expected a positive number of seconds up to 1000000, got "
+                              "'ten'"),
+    (["--reps", str(10**7)], f"argument --reps: expected an integer from 1 to 1000000, got {10**7}"),
+    (["--seed", "-1"], f"argument --seed: expected an integer from 0 to {MAX_SEED_OPTION}, got -1"),
 ])
 def test_bad_arguments_end_in_one_failed_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -734,10 +810,12 @@ def test_bad_arguments_end_in_one_failed_line(argv, message, capsys):
 
 
 def test_bad_arguments_to_evaluate_raise_naming_the_argument(tmp_path):
-    with pytest.raises(ValueError, match=f"seed: expected an integer from 0 to {MAX_SEED}, got {10**17}"):
+    with pytest.raises(ValueError, match=f"seed: expected an integer from 0 to {MAX_SEED_OPTION}, got {10**17}"):
         evaluate(tmp_path / "x.py", "test", seed=10**17)
-    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds, got -1"):
+    with pytest.raises(ValueError, match="timeout: expected a positive number of seconds up to 1000000, got -1"):
         evaluate(tmp_path / "x.py", "test", timeout=-1)
+    with pytest.raises(ValueError, match="time_limit: expected a positive number of seconds up to 1000000, got 1000"):
+        evaluate(tmp_path / "x.py", "test", time_limit=1e10)
 
 
 @pytest.mark.gpu
@@ -754,7 +832,7 @@ def test_a_skipped_file_does_not_exit_0(folder):
     if torch.cuda.is_available():
         pytest.skip("the file would run here")
     path = folder / "needs_gpu.py"
-    path.write_text("NEEDS_CUDA = True\n\ndef custom_kernel(data):\n    return data[6]\n")
+    path.write_text(f"{DIRECTIVE}\nNEEDS_CUDA = True\n\ndef custom_kernel(data):\n    return data[6]\n")
     from nvfp4lib.leaderboard.evaluate import main
 
     assert main([str(path), "--mode", "test"]) == 3

@@ -171,16 +171,18 @@ def _leaderboard(fail: tuple[str, ...], expect: list[str]) -> Callable[[], str]:
 
     def run() -> str:
         from nvfp4lib.leaderboard.export import write_submission
+        from nvfp4lib.leaderboard.process import OUTPUT_PREFIX
 
         file = write_submission("hybrid", WORK_DIR / f"hybrid{''.join('_fail_' + f for f in fail)}.py", fail=fail,
                                 force=True)
-        proc = subprocess.run([sys.executable, "-m", "nvfp4lib.leaderboard.evaluate", str(file), "--mode", "both"],
-                              cwd=REPO_ROOT, capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", "nvfp4lib.leaderboard.evaluate", str(file), "--mode", "both",
+                               "--show-output"], cwd=REPO_ROOT, capture_output=True, text=True)
         output = proc.stdout + proc.stderr
-        checks = [line for line in output.splitlines() if line.startswith(("backend: ", "cute_fast ", "scaled_mm_"))]
+        shown = [line.removeprefix(OUTPUT_PREFIX) for line in output.splitlines()]  # the file's own lines
+        checks = [line for line in shown if line.startswith(("backend: ", "cute_fast ", "scaled_mm_"))]
         missing = [e for e in expect if not any(line.startswith(e) for line in checks)]
-        summary = next((line for line in reversed(proc.stdout.splitlines()) if line.startswith(("PASSED", "FAILED",
-                                                                                                 "SKIPPED"))), "")
+        summary = next((line for line in reversed(proc.stdout.splitlines())
+                        if line.startswith(("PASSED", "FAILED", "SKIPPED", "INCOMPLETE"))), "")
         if proc.returncode != 0 or missing:
             raise CheckFailed(f"exit code {proc.returncode}; {summary}; expected self-check lines missing: "
                               f"{missing}\n{_tail(output)}")

@@ -7,7 +7,7 @@ millisecond of GPU work still running when the call is made, so the host's cost 
 behind it. The figure is the MEAN (with sample std, standard error, best, worst), and calls go
 on until a `StoppingRule` says stop: the standard error under 0.1 % of the mean (after at least
 3 calls and 100 ms), or a budget spent. `before` and `after` hooks run untimed around every
-call (a new input before, a check after: the leaderboard's ranked mode, see nvfp4lib.bench.harness).
+call (a new input before, a check after: the leaderboard's ranked mode, see nvfp4lib.leaderboard.modes).
 
 Two teaching measures beside it, named for what they are:
 
@@ -22,8 +22,8 @@ Without CUDA every timer falls back to wall-clock time (mode "wall") so the logi
 The timed callable must do its GPU work on the current stream (or join any side streams back
 into it before returning): the CUDA events are recorded there.
 
-This module imports only the standard library and torch: nvfp4lib.leaderboard.evaluate runs its source
-inside a submission's process, where nvfp4lib itself cannot be imported.
+This module imports only the standard library and torch: the local leaderboard runs its source inside
+a submission's process (nvfp4lib.leaderboard.child), where nvfp4lib itself cannot be imported.
 """
 from __future__ import annotations
 
@@ -279,21 +279,30 @@ def time_host_visible(fn: Callable[[], object], *, warmup: int = 10, reps: int =
     return summarize("host-visible", samples, host)
 
 
-def time_one_call(fn: Callable[[], object], flush: str = "leaderboard") -> tuple[object, float]:
+def time_one_call(fn: Callable[[], object], flush: str = "leaderboard",
+                  after_end: Callable[[object], object] | None = None) -> tuple[object, float]:
     """One call timed as the leaderboard times it -> (what `fn` returned, microseconds).
 
     Synchronize; enqueue the flush (no synchronize after it: the GPU is still busy with it when
-    the call is made); start event; the call; end event; synchronize. Wall clock without CUDA."""
+    the call is made); start event; the call; end event; synchronize. Wall clock without CUDA.
+    `after_end(output)`, if given, runs right after the end event is recorded and before the
+    synchronize: work it enqueues on the current stream is ordered after the call, as the public
+    harness's check of the output is."""
     if not torch.cuda.is_available():
         t0 = time.perf_counter()
         out = fn()
-        return out, (time.perf_counter() - t0) * 1e6
+        us = (time.perf_counter() - t0) * 1e6
+        if after_end is not None:
+            after_end(out)
+        return out, us
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     flush_l2(mode=flush)
     start.record()
     out = fn()
     end.record()
+    if after_end is not None:
+        after_end(out)
     torch.cuda.synchronize()
     return out, start.elapsed_time(end) * 1e3
 
