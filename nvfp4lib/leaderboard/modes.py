@@ -42,6 +42,7 @@ from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHA
                                            stopping_rules)
 from nvfp4lib.leaderboard.report import BenchResult, CaseResult, Report, format_bench_table, shape_text
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, read_submission
+from nvfp4lib.layouts import check_scale_copies
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.reference import poison_
 
@@ -110,6 +111,7 @@ def run_tests(process: SubmissionProcess, shapes, device, seed: int = 0, log: Ca
             # leaderboard's data), and cuBLAS's FP4 GEMM reads them so
             data = generate_input(*shape, seed=data_seed(seed_of_test(seed, i, offset), secret_seed), device=device,
                                   mode="leaderboard" if case == CASES[0] else "full", negative_scales=False)
+            check_scale_copies(data)  # a kernel may read either copy of the scales: they must agree
             result, output = run_case(process, data, shape, case, earlier, reuse=case == CASES[2])
             earlier += [output] if result.ok else []  # returned again for new inputs, it was cached
             results.append(result)
