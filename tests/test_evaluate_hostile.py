@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -305,9 +306,14 @@ def test_stream_order_is_judged_from_the_two_copies():
 # 3. The work folder, the file, the clock
 
 
-def test_the_work_folder_is_the_submissions_own_to_break(tmp_path):
+def test_the_work_folder_is_the_submissions_own_to_break(tmp_path, monkeypatch):
     """FIFOs where the old evaluator kept its files, the folder deleted and replaced by a link to
-    somewhere else: nothing of the evaluator's is there, and nothing the link points to is removed."""
+    somewhere else: nothing of the evaluator's is there, and nothing the link points to is removed.
+
+    The work folder is made under tmp_path: where the checkout itself lies in the temporary folder
+    (a clone in /tmp), Landlock keeps the submission from making entries directly in that folder,
+    and the link in place of the work folder could not be made."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("kept")
