@@ -356,14 +356,15 @@ class Runner:
             given = self.given
             ptrs = [t.storage(x).data_ptr() for x in given]
         caller = self._caller_stream()
-        call, records = self._bound(caller), []
+        call, records, landing = self._bound(caller), [], self._landing()
         if request["timed"]:  # ranked mode: timed as the leaderboard times a call
-            out, us = self.timing.time_one_call(call, after_end=lambda out: records.append(self.capture(out, caller)))
+            out, us = self.timing.time_one_call(
+                call, after_end=lambda out: records.append(self.capture(out, caller, landing)))
         else:
             if caller is not None:
                 t.synchronize()
             out, us = call(), None
-            records.append(self.capture(out, caller))
+            records.append(self.capture(out, caller, landing))
         if caller is not None:
             t.synchronize()
         description, copies = self.settle(records[0])
@@ -375,16 +376,29 @@ class Runner:
         return ({"kind": "called", "us": us, "device": str(given[-1].device), "output": description,
                  "inputs": inputs}, copies + input_copies)
 
-    def capture(self, out, stream) -> dict:
+    def _landing(self):
+        """Before a call: where the copy of its output made right after it lands (`capture`). On CUDA
+        that is page-locked memory, and allocating page-locked memory is one of CUDA's implicit
+        synchronizations: allocated after the call, it could let work the caller's stream never
+        waited for finish before the copy is enqueued. None on a CPU (an allocation there waits
+        for nothing)."""
+        if self.device.type != "cuda":
+            return None
+        c, t = self.given[-1], self.t
+        with self._plain():
+            return t.empty(tuple(c.shape), dtype=c.dtype, device="cpu", pin_memory=True)
+
+    def capture(self, out, stream, landing) -> dict:
         """Right after the call: what `out` is and, when it is a tensor like c, a copy of its values
-        enqueued on the caller's stream (ordered after the call, as the public harness's check is,
-        and before anything the caller's stream never waited for)."""
+        enqueued on the caller's stream (into `landing`, made before the call by `_landing`, so that
+        nothing between the return and the copy waits for the device): ordered after the call, as the
+        public harness's check is, and before anything the caller's stream never waited for."""
         t, c = self.t, self.given[-1]
         record = {"type": "object", "tensor": False, "exact": False, "layout": None, "device": None, "dtype": None,
                   "shape": None, "shares": [], "values": False}
         try:
             with self._plain():
-                host = self._capture(out, stream, record, t, c)
+                host = self._capture(out, stream, landing, record, t, c)
         except BaseException as err:  # noqa: BLE001 - a hostile object
             return {"description": record, "error": f"its output could not be read here: {describe(err)}"}
         if host is None:
@@ -392,7 +406,7 @@ class Runner:
         record["values"] = True
         return {"description": record, "at_return": host, "out": out}
 
-    def _capture(self, out, stream, record, t, c):
+    def _capture(self, out, stream, landing, record, t, c):
         """`capture`'s work: fills `record` in, returns the copy of the values (None if none can be made)."""
         kind = self._type(out)
         record["type"] = text(self._getattr(kind, "__name__", "object"), 200)
@@ -414,13 +428,10 @@ class Runner:
                 record["shares"].append(name)
         if out.dtype != c.dtype or tuple(out.shape) != tuple(c.shape):
             return None
-        if out.device.type == "cuda":
-            host = t.empty(tuple(c.shape), dtype=c.dtype, device="cpu", pin_memory=True)
+        if landing is not None:
             with t.stream(stream):
-                t.copy(host, t.detach(out), non_blocking=True)
-        else:
-            host = t.copy(t.empty(tuple(c.shape), dtype=c.dtype, device="cpu"), t.detach(out))
-        return host
+                return t.copy(landing, t.detach(out), non_blocking=True)
+        return t.copy(t.empty(tuple(c.shape), dtype=c.dtype, device="cpu"), t.detach(out))
 
     def settle(self, record: dict) -> tuple[dict, list]:
         """After the device is idle: the output's description, and the copy made at return with one made now."""
@@ -462,11 +473,12 @@ class Runner:
             descriptions.append(description)
             copies.extend(pair)
 
-        def captured(out):
-            records.append(self.capture(out, caller))
+        def time_call(f):
+            landing = self._landing()
+            return timing.time_one_call(f, after_end=lambda out: records.append(self.capture(out, caller, landing)))
 
         result = timing.leaderboard_time(self._bound(caller), timing.StoppingRule(**request["rule"]), after=settled,
-                                         time_call=lambda f: timing.time_one_call(f, after_end=captured))
+                                         time_call=time_call)
         return ({"kind": "timed", "samples_us": [float(x) for x in result.samples],
                  "device": str(self.given[-1].device), "outputs": descriptions}, copies)
 

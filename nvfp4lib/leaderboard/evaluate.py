@@ -44,9 +44,11 @@ What is checked: each mode's file runs in a fresh Python process of its own, in 
 with its own pipes for stdout and stderr (shown with --show-output, each line prefixed
 {OUTPUT_PREFIX.strip()!r}). This process makes the inputs, hands the kernel a copy of them, and
 judges what it reads back: the output (its kind, and its values as copied on the caller's stream
-right after the call, as the public harness checks them; a value that changes once the device is
-idle is work that stream never waited for, a FAIL), and the inputs after the call (their bytes
-compared here: a, b, sfa, sfb, sfa_permuted and sfb_permuted are read-only). Every answer of the
+right after the call, as the public harness checks them, into memory allocated before the call so
+that nothing in between waits for the device; a value that differs in a second copy, made once
+the device is idle, is work that stream never waited for, e.g. on a side stream not joined before
+the return: a FAIL), and the inputs after the call (their bytes compared here: a, b, sfa, sfb,
+sfa_permuted and sfb_permuted are read-only). Every answer of the
 submission's process is checked field by field before it is used; anything else (garbage, a
 forgery of the wrong form, too much, too deep, not UTF-8, out of turn, a closed pipe) is a FAIL
 that names it. Every wait has a deadline: --timeout per call (its import counting as one), and
