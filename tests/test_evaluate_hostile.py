@@ -319,6 +319,24 @@ def test_stream_order_is_judged_from_the_two_copies():
         "returned a tensor like c, but its process sent none of its values")
 
 
+def test_a_late_output_is_judged_late_without_the_reference(monkeypatch):
+    """Its values at return are not what the kernel computed: nothing is compared with the reference."""
+    import nvfp4lib.leaderboard.judge as judging
+
+    def no_reference(*args, **kwargs):
+        raise AssertionError("the reference was computed for an output that was not finished")
+
+    monkeypatch.setattr(judging, "check", no_reference)
+    data = generate_input(*SHAPE, seed=1, mode="leaderboard")
+    right = reference_gemv(data).half().contiguous()
+    late = torch.full_like(right, float("nan"))
+    description = {"type": "Tensor", "tensor": True, "exact": True, "layout": "torch.strided", "device": "cuda:0",
+                   "dtype": "torch.float16", "shape": list(right.shape), "shares": [], "values": True}
+    output = Output(description, late, right)
+    result, copy = judge(Called(output=output, device="cuda:0"), data, SHAPE, "x")
+    assert (result.ok, result.message, copy) == (False, judging.unordered_work(output, "cuda:0"), None)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. The work folder, the file, the clock
 

@@ -73,11 +73,11 @@ def judge(called: Called, data, shape: Shape, case: str, earlier=()):
     if problem:
         return CaseResult(shape, case, False, problem), None
     late = unordered_work(called.output, called.device)
+    if late:
+        return CaseResult(shape, case, False, late), None
     out = called.output.at_return
     result = check(out, data)
     copy = out.float()
-    if late:
-        return CaseResult(shape, case, False, f"{late}\n{result.message}"), None
     if called.changed:
         why = changed_inputs(called.changed) + ("" if result.ok else "; the result is wrong too")
         return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
