@@ -818,6 +818,38 @@ def test_bad_arguments_to_evaluate_raise_naming_the_argument(tmp_path):
         evaluate(tmp_path / "x.py", "test", time_limit=1e10)
 
 
+def test_a_fault_of_the_evaluator_itself_ends_in_one_failed_line(monkeypatch, capsys):
+    """Not a verdict on the file: one line naming the error (its first line, at most 500 characters)."""
+    import nvfp4lib.leaderboard.evaluate as command_line
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the evaluator broke\n" + "a second line " * 100)
+
+    monkeypatch.setattr(command_line, "evaluate", broken)
+    assert main(["submission.py", "--mode", "test"]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "FAILED: the evaluator itself failed (RuntimeError: the evaluator broke); no verdict on submission.py"]
+
+
+def test_an_argument_bad_only_with_the_others_is_a_usage_error_from_evaluate_itself(monkeypatch, capsys):
+    """--secret-seed's bound depends on --seed and --mode: `evaluate` checks it, the command line names the option."""
+    import nvfp4lib.leaderboard.evaluate as command_line
+
+    calls = []
+
+    def checking(*args, **kwargs):
+        calls.append(kwargs["secret_seed"])
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(command_line, "evaluate", checking)
+    with pytest.raises(SystemExit) as exit_:
+        main(["submission.py", "--seed", str(MAX_SEED_OPTION), "--secret-seed", "0"])
+    assert exit_.value.code == 2 and calls == [0]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"FAILED: argument --secret-seed: expected none at all (use a smaller --seed): mixed into the seeds of "
+        f"--seed {MAX_SEED_OPTION} a larger one passes 2**64 - 1, the largest generator seed; got 0")
+
+
 @pytest.mark.gpu
 def test_benchmark_on_gpu_times_every_benchmark_shape(folder):
     report = evaluate(_write(folder, "correct", KERNELS["correct"]), "benchmark", warmup=1, reps=3)

@@ -24,20 +24,21 @@ from nvfp4lib.leaderboard.process import (OUTPUT_PREFIX, EvaluationInterrupted, 
                                           SubmissionProcessEnded)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_GENERATOR_SEED, MAX_SECONDS,
                                            MAX_SEED_OPTION, MODES, PHASES, RANKED_SEED_STEP, TIMED, TIMED_PHASES,
-                                           check_integer, check_seconds, check_secret_seed, combine_seed, data_seed,
-                                           seed_of_benchmark, seed_of_test, stopping_rules)
+                                           BadArgument, check_integer, check_seconds, check_secret_seed,
+                                           combine_seed, data_seed, seed_of_benchmark, seed_of_test, stopping_rules)
 from nvfp4lib.leaderboard.report import (EXIT_CODES, EXIT_FAILED, EXIT_USAGE, BenchResult, CaseResult, Report,
                                          format_bench_table)
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE, SubmissionError, read_submission
+from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import TEST_SHAPES
 
-__all__ = ["BenchResult", "CALL_TIMEOUT_S", "CASES", "CHECK_CASES", "CPU_MAX_ELEMENTS", "CPU_TEST_SHAPES", "CaseResult",
-           "CheckFailed", "DIRECTIVE", "EvaluationInterrupted", "MAX_GENERATOR_SEED", "MAX_SECONDS", "MAX_SEED_OPTION",
-           "MODES", "PHASES", "RANKED_SEED_STEP", "Report", "SubmissionError", "SubmissionProcess",
-           "SubmissionProcessEnded", "TIMED", "TIMED_CASES", "TIMED_PHASES", "TIME_LIMIT_S", "check_integer",
-           "check_seconds", "check_secret_seed", "combine_seed", "data_seed", "evaluate", "format_bench_table",
-           "import_isolated", "is_b200", "main", "read_submission", "run_benchmarks", "run_case", "run_tests",
-           "seed_of_benchmark", "seed_of_test", "stopping_rules"]
+__all__ = ["BadArgument", "BenchResult", "CALL_TIMEOUT_S", "CASES", "CHECK_CASES", "CPU_MAX_ELEMENTS",
+           "CPU_TEST_SHAPES", "CaseResult", "CheckFailed", "DIRECTIVE", "EvaluationInterrupted", "MAX_GENERATOR_SEED",
+           "MAX_SECONDS", "MAX_SEED_OPTION", "MODES", "PHASES", "RANKED_SEED_STEP", "Report", "SubmissionError",
+           "SubmissionProcess", "SubmissionProcessEnded", "TIMED", "TIMED_CASES", "TIMED_PHASES", "TIME_LIMIT_S",
+           "check_integer", "check_seconds", "check_secret_seed", "combine_seed", "data_seed", "evaluate",
+           "format_bench_table", "import_isolated", "is_b200", "main", "read_submission", "run_benchmarks", "run_case",
+           "run_tests", "seed_of_benchmark", "seed_of_test", "stopping_rules"]
 
 ISOLATION = f"""\
 What is checked: each mode's file runs in a fresh Python process of its own, in an empty folder,
@@ -97,7 +98,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _cli(check, convert=float):
-    """An argparse type from a checker that raises ValueError with the message to show."""
+    """An argparse type from a checker of nvfp4lib.leaderboard.protocol (it raises BadArgument)."""
     def parse(text: str):
         try:
             value = convert(text)
@@ -105,8 +106,8 @@ def _cli(check, convert=float):
             value = text
         try:
             return check(value)
-        except ValueError as err:
-            raise argparse.ArgumentTypeError(str(err).partition(": ")[2]) from err
+        except BadArgument as err:
+            raise argparse.ArgumentTypeError(err.detail) from err
     return parse
 
 
@@ -141,19 +142,14 @@ def main(argv=None) -> int:
                         help=f"show what the submission writes to stdout and stderr, each line prefixed "
                              f"{OUTPUT_PREFIX.strip()!r} (always before the verdict)")
     args = parser.parse_args(argv)
-    if args.secret_seed is not None:
-        ranked_calls = stopping_rules("ranked", args.reps)[0].max_calls if "ranked" in PHASES[args.mode] else 0
-        try:
-            check_secret_seed(args.secret_seed, args.seed, len(TEST_SHAPES), ranked_calls)
-        except ValueError as err:
-            parser.error(f"argument --secret-seed: {str(err).partition(': ')[2]}")
     try:
         report = evaluate(args.file, args.mode, seed=args.seed, secret_seed=args.secret_seed,
                           all_shapes=args.all_shapes, reps=args.reps, timeout=args.timeout,
                           time_limit=args.time_limit, show_output=args.show_output, log=print)
+    except BadArgument as err:  # checked by `evaluate` before it starts: --secret-seed's bound depends on the others
+        parser.error(f"argument --{err.name.replace('_', '-')}: {err.detail}")
     except Exception as err:  # noqa: BLE001 - a fault of the evaluator itself still ends in one FAILED line
-        print(f"FAILED: the evaluator itself failed ({type(err).__name__}: {str(err)[:500]}); no verdict on "
-              f"{args.file}")
+        print(f"FAILED: the evaluator itself failed ({describe_error(err, 500)}); no verdict on {args.file}")
         return EXIT_FAILED
     return report.exit_code
 

@@ -37,9 +37,9 @@ from nvfp4lib.leaderboard.judge import judge, timed_problem
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
                                           signals_as_failures, supervision)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
-                                           RANKED_SEED_STEP, TIMED, TIMED_PHASES, check_integer, check_seconds,
-                                           check_secret_seed, data_seed, seed_of_benchmark, seed_of_test,
-                                           stopping_rules)
+                                           RANKED_SEED_STEP, TIMED, TIMED_PHASES, BadArgument, check_integer,
+                                           check_seconds, check_secret_seed, data_seed, seed_of_benchmark,
+                                           seed_of_test, stopping_rules)
 from nvfp4lib.leaderboard.report import BenchResult, CaseResult, Report, format_bench_table, shape_text
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, read_submission
 from nvfp4lib.layouts import check_scale_copies
@@ -187,7 +187,7 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
     before every call and checks every result (`_ranked_calls`), and its first failing shape ends
     the run."""
     if mode not in TIMED_PHASES:
-        raise ValueError(f"mode: expected one of {TIMED_PHASES}, got {mode!r}")
+        raise BadArgument("mode", f"expected one of {TIMED_PHASES}, got {mode!r}")
     ranked = TIMED[mode].ranked
     rule = TIMED[mode].rule if rule is None else rule
     say = log or (lambda line: None)
@@ -303,7 +303,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     that would end it end the evaluation with a FAILED verdict instead (`Report.interrupted`).
     """
     if mode not in MODES:
-        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+        raise BadArgument("mode", f"expected one of {MODES}, got {mode!r}")
     seed = check_integer("seed", seed, 0, MAX_SEED_OPTION)
     warmup = None if warmup is None else check_integer("warmup", warmup, 0)
     reps = None if reps is None else check_integer("reps", reps, 1)

@@ -48,20 +48,30 @@ TIMED = {"benchmark": ModeRules(BENCHMARK_RULE, BENCHMARK_WARMUP_RULE, False),
 TIMED_PHASES = tuple(TIMED)
 
 
+class BadArgument(ValueError):
+    """An argument of an evaluation outside what it may be: `name` is the argument, `detail` what
+    was expected and what was given (the message is "name: detail"). The command line turns it
+    into a usage error naming the option."""
+
+    def __init__(self, name: str, detail: str):
+        super().__init__(f"{name}: {detail}")
+        self.name, self.detail = name, detail
+
+
 def check_integer(name: str, value, low: int, high: int | None = None) -> int:
-    """`value` if it is an integer from `low` to `high`, else a ValueError naming the argument."""
+    """`value` if it is an integer from `low` to `high`, else a BadArgument naming the argument."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not (
             low <= value and (high is None or value <= high)):
         expected = f"from {low} to {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name}: expected an integer {expected}, got {value!r}")
+        raise BadArgument(name, f"expected an integer {expected}, got {value!r}")
     return int(value)
 
 
 def check_seconds(name: str, value) -> float:
-    """`value` if it is a positive, finite number of seconds up to MAX_SECONDS, else a ValueError
+    """`value` if it is a positive, finite number of seconds up to MAX_SECONDS, else a BadArgument
     naming the argument."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value <= MAX_SECONDS:
-        raise ValueError(f"{name}: expected a positive number of seconds up to {MAX_SECONDS:.0f}, got {value!r}")
+        raise BadArgument(name, f"expected a positive number of seconds up to {MAX_SECONDS:.0f}, got {value!r}")
     return float(value)
 
 
@@ -102,7 +112,7 @@ def seed_of_benchmark(seed: int, shape_index: int) -> int:
 def check_secret_seed(secret_seed, seed: int, n_test_shapes: int = len(TEST_SHAPES), ranked_calls: int = 0) -> int:
     """`secret_seed` if, mixed into every seed of an evaluation with `seed` (its tests over
     `n_test_shapes` shapes, its ranked mode advancing a seed `ranked_calls` times), it keeps them
-    all at most MAX_GENERATOR_SEED; else a ValueError naming the largest that does."""
+    all at most MAX_GENERATOR_SEED; else a BadArgument naming the largest that does."""
     secret_seed = check_integer("secret_seed", secret_seed, 0)
     largest = max(seed_of_test(seed, n_test_shapes - 1, len(CASES) - 1),
                   seed_of_benchmark(seed, len(BENCHMARK_SHAPES) - 1))
@@ -110,6 +120,6 @@ def check_secret_seed(secret_seed, seed: int, n_test_shapes: int = len(TEST_SHAP
     most = (math.isqrt(8 * room + 1) - 1) // 2 - largest  # total = largest + secret
     if secret_seed > most:
         expected = f"an integer from 0 to {most}" if most >= 0 else "none at all (use a smaller --seed)"
-        raise ValueError(f"secret_seed: expected {expected}: mixed into the seeds of --seed {seed} a larger one "
-                         f"passes 2**64 - 1, the largest generator seed; got {secret_seed}")
+        raise BadArgument("secret_seed", f"expected {expected}: mixed into the seeds of --seed {seed} a larger one "
+                                         f"passes 2**64 - 1, the largest generator seed; got {secret_seed}")
     return secret_seed
