@@ -850,6 +850,21 @@ def test_an_argument_bad_only_with_the_others_is_a_usage_error_from_evaluate_its
         f"--seed {MAX_SEED_OPTION} a larger one passes 2**64 - 1, the largest generator seed; got 0")
 
 
+def test_the_supervision_is_entered_once_per_submission_process(folder, monkeypatch):
+    """Every call of an evaluation runs under one entry of the supervision (its process's), none after."""
+    from nvfp4lib.leaderboard.process import supervision
+
+    depths, call = [], SubmissionProcess.call
+
+    def recording(self, *args, **kwargs):
+        depths.append(supervision.depth)
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(SubmissionProcess, "call", recording)
+    report = evaluate(_write(folder, "correct", KERNELS["correct"]), "test", shapes=SHAPES[:1])
+    assert report.ok and depths == [1] * len(CASES) and supervision.depth == 0
+
+
 @pytest.mark.gpu
 def test_benchmark_on_gpu_times_every_benchmark_shape(folder):
     report = evaluate(_write(folder, "correct", KERNELS["correct"]), "benchmark", warmup=1, reps=3)

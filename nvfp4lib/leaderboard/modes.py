@@ -35,7 +35,7 @@ from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.leaderboard.judge import judge, timed_problem
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
-                                          signals_as_failures, supervision)
+                                          signals_as_failures)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
                                            RANKED_SEED_STEP, TIMED, TIMED_PHASES, BadArgument, check_integer,
                                            check_seconds, check_secret_seed, data_seed, seed_of_benchmark,
@@ -298,9 +298,11 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     benchmark (0: none). `timeout` bounds each call of the submission (its import counts as one)
     and `time_limit` the whole evaluation, in seconds. `show_output` passes the submission's stdout
     and stderr to `log`, each line prefixed (always kept in `Report.output`). Nothing raises for a
-    bad submission: problems end up in `Report.failures` (bad arguments raise ValueError). While it
-    runs, this process is a child subreaper and non-dumpable, and in the main thread the signals
-    that would end it end the evaluation with a FAILED verdict instead (`Report.interrupted`).
+    bad submission: problems end up in `Report.failures` (bad arguments raise BadArgument, a
+    ValueError naming the argument, before anything runs). While a submission's process runs, this
+    process is a child subreaper and non-dumpable (`SubmissionProcess` holds the supervision), and
+    in the main thread the signals that would end it end the evaluation with a FAILED verdict
+    instead (`Report.interrupted`).
     """
     if mode not in MODES:
         raise BadArgument("mode", f"expected one of {MODES}, got {mode!r}")
@@ -347,7 +349,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     cases: list[CaseResult] = []
     stopped = []
     try:
-        with signals_as_failures(), supervision:
+        with signals_as_failures():
             for phase in phases:  # a fresh process per mode, as on the leaderboard
                 if time.monotonic() >= deadline:
                     stopped.append(f"{phase} mode: not started, the evaluation reached --time-limit {time_limit:g} s")

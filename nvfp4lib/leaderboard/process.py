@@ -8,7 +8,8 @@ and ending it together with everything it started.
   before anything uses it; tensors travel as raw bytes on the pipes, so no file of the evaluator's
   lies where the submission could replace it. Whatever goes wrong (an overrun, an exit, a crash, an
   answer that is not one) ends the process and raises `SubmissionProcessEnded` naming it.
-* `supervision` makes this process a child subreaper while submissions run (Linux): a process the
+* `supervision` makes this process a child subreaper while submissions run (Linux; every
+  `SubmissionProcess` holds it from its start to its close, the one entry): a process the
   submission starts stays in this process's tree even after it leaves its session or its parent
   dies, and `end_descendants` kills and reaps every one of them. It also turns this process
   non-dumpable meanwhile, so that processes of the same user cannot open its /proc files (its file
