@@ -865,6 +865,29 @@ def test_the_supervision_is_entered_once_per_submission_process(folder, monkeypa
     assert report.ok and depths == [1] * len(CASES) and supervision.depth == 0
 
 
+def test_the_scale_copies_are_checked_once_per_test_input_and_never_in_the_timed_modes(folder, monkeypatch):
+    import nvfp4lib.leaderboard.modes as modes
+
+    checked, check = [], modes.check_scale_copies
+
+    def counting(data):  # each input named by its shape and its first bytes of A
+        checked.append((tuple(data.a.shape), bytes(data.a.view(torch.uint8).flatten()[:64].tolist())))
+        return check(data)
+
+    monkeypatch.setattr(modes, "check_scale_copies", counting)
+    cpu = torch.device("cpu")
+    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+        assert process.load(_write(folder, "correct", KERNELS["correct"])).ok
+        assert all(r.ok for r in run_tests(process, SHAPES, cpu))
+        assert len(checked) == len(set(checked)) == len(CASES) * len(SHAPES)
+        checked.clear()
+        for mode in ("benchmark", "ranked"):
+            rows, checks = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, mode=mode, rule=ONLY_CALLS[2],
+                                          warmup_rule=ONLY_CALLS[2])
+            assert all(c.ok for c in checks) and len(rows) == len(SHAPES)
+    assert checked == []
+
+
 @pytest.mark.gpu
 def test_benchmark_on_gpu_times_every_benchmark_shape(folder):
     report = evaluate(_write(folder, "correct", KERNELS["correct"]), "benchmark", warmup=1, reps=3)
