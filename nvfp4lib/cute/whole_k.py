@@ -32,9 +32,8 @@ from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
 from nvfp4lib.cute.launch import compile_launch, compile_target, compiled_kernel, leaderboard_tensors, resolve_decode
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, dp4a,
-                               e4m3x2_to_f32, fma_rn_f32, l2_policy, ld_global_u16_if, ld_global_v4_policy,
-                               s32_to_f32, smem_allocator)
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
+                               ld_global_v4_policy, smem_allocator)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
