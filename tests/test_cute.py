@@ -23,13 +23,17 @@ if cute_ptx.cute is None:
     pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed", allow_module_level=True)
 
 TARGETS = ("sm_90a", "sm_100a")
+PER_K_DEFAULTS = tuple(f"per_k{k}" for k in cute_gemv.PER_K_DEFAULTS)
+"""The per-K kernels the default config runs at the K of `cute_gemv.PER_K_DEFAULTS`, as ptx's variants."""
 
 
 @pytest.fixture(scope="module")
 def ptx():
     """PTX of every (variant, target), compiled once; no GPU needed. "tiled" is the fast variant with
-    the tiled kernel's default config (`cute_gemv.TILED`)."""
+    the tiled kernel's default config (`cute_gemv.TILED`), "per_k<K>" the default config at that K."""
     texts = {(v, t): cute_gemv.compile_ptx(v, t) for v in ("naive", "fast") for t in TARGETS}
+    texts |= {(f"per_k{k}", t): cute_gemv.compile_ptx("fast", t, cute_gemv.default_config(k), k)
+              for k in cute_gemv.PER_K_DEFAULTS for t in TARGETS}
     return texts | {("tiled", t): cute_gemv.compile_ptx("fast", t, cute_gemv.TILED) for t in TARGETS}
 
 
@@ -38,20 +42,20 @@ def _wide_global_loads(text):
     return re.findall(r"ld\.global[\w.:]*\.v4\.[bfu]32", text) + re.findall(r"cp\.async[\w.:]*\.shared\.global \[[^]]+\], \[[^]]+\], 16", text)
 
 
-@pytest.mark.parametrize("variant", ["fast", "tiled"])
+@pytest.mark.parametrize("variant", ["fast", "tiled", *PER_K_DEFAULTS])
 def test_blackwell_fast_kernels_use_hardware_fp4_conversion(ptx, variant):
     assert ".target sm_100a" in ptx[variant, "sm_100a"]
     assert "cvt.rn.f16x2.e2m1x2" in ptx[variant, "sm_100a"]
 
 
-@pytest.mark.parametrize("variant", ["naive", "fast", "tiled"])
+@pytest.mark.parametrize("variant", ["naive", "fast", "tiled", *PER_K_DEFAULTS])
 def test_hopper_build_has_no_fp4_instruction(ptx, variant):
     text = ptx[variant, "sm_90a"]
     assert ".target sm_90a" in text
     assert "e2m1" not in text
 
 
-@pytest.mark.parametrize("variant", ["fast", "tiled"])
+@pytest.mark.parametrize("variant", ["fast", "tiled", *PER_K_DEFAULTS])
 @pytest.mark.parametrize("target", TARGETS)
 def test_fast_kernels_read_a_with_128_bit_loads(ptx, variant, target):
     assert len(_wide_global_loads(ptx[variant, target])) >= 2
@@ -65,7 +69,7 @@ def test_tiled_kernel_keeps_decoded_b_in_shared_memory(ptx, target):
     assert counts["bar.sync"] + counts["barrier.sync"] == 1, counts
 
 
-@pytest.mark.parametrize("variant", ["naive", "fast", "tiled"])
+@pytest.mark.parametrize("variant", ["naive", "fast", "tiled", *PER_K_DEFAULTS])
 @pytest.mark.parametrize("target", TARGETS)
 def test_no_local_memory(ptx, variant, target):
     assert not re.search(r"\.local\b|ld\.local|st\.local", ptx[variant, target])
@@ -153,7 +157,7 @@ def _ptx_of(ptx, variant: str, target: str) -> str:
     if variant == "wholek":
         from nvfp4lib.cute import whole_k
 
-        return whole_k.compile_whole_k_ptx(target, whole_k.WholeKConfig(), 2048)
+        return cute_gemv.compile_ptx("fast", target, whole_k.WholeKConfig(), 2048)
     if " " not in variant:
         return ptx[variant, target]
     field, value = variant.split(" ")[1].split("=")
@@ -192,12 +196,27 @@ def test_config_is_validated():
         cute_gemv.resolve_decode("sm_90a", "table")
 
 
-@pytest.mark.parametrize("k, expected", [(16384, "WIDE"), (2048, "WIDE"), (7168, "TILED"), (256, "TILED"),
-                                         (16448, "WIDE")])
+@pytest.mark.parametrize("k, expected", [(4096, "WIDE"), (32768, "WIDE"), (4608, "TILED"), (256, "TILED"),
+                                         (1536, "TILED"), (16448, "WIDE")])
 def test_default_config_fills_whole_steps(k, expected):
-    """WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is not a multiple of 64, the tiled
-    kernel (its warps run on into the next row), up to the K its shared memory holds."""
+    """Away from the K of its per-K table: WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is
+    not a multiple of 64, the tiled kernel (its warps run on into the next row), up to the K its shared
+    memory holds."""
+    assert k not in cute_gemv.PER_K_DEFAULTS
     assert cute_gemv.default_config(k) == getattr(cute_gemv, expected)
+
+
+def test_default_config_at_the_measured_k_is_its_per_k_kernel_and_holds_that_k():
+    """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384, w1x4x1 at 7168 and 2048."""
+    whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
+    assert cute_gemv.PER_K_DEFAULTS == {16384: whole_k.WholeKConfig(2, 2, 1), 7168: whole_k.WholeKConfig(1, 4, 1),
+                                        2048: whole_k.WholeKConfig(1, 4, 1)}
+    assert sorted(cute_gemv.PER_K_DEFAULTS) == sorted({s.k for s in BENCHMARK_SHAPES})
+    for k, cfg in cute_gemv.PER_K_DEFAULTS.items():
+        assert cute_gemv.default_config(k) is cfg and cfg.compute and cfg.decode == "auto"
+        assert cfg.refusal(k) is None
+    runner = cute_gemv.CuteGemv()
+    assert all(runner.config_for(k) is cfg for k, cfg in cute_gemv.PER_K_DEFAULTS.items())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU error path")
@@ -274,13 +293,16 @@ def test_runner_without_tvm_ffi_says_so_and_compiles_for_the_plain_call(monkeypa
     caps = dataclasses.replace(capabilities(), cuda=True, sm=(10, 0), cute_arch="sm_100a")
     monkeypatch.setattr(cute_gemv, "capabilities", lambda: caps)
     monkeypatch.setitem(sys.modules, "tvm_ffi", None)
-    cute_gemv._compiled.cache_clear()
+    cute_launch.compiled_kernel.cache_clear()
     try:
         runner = cute_gemv.CuteGemv("naive")
+        compiled = cute_launch.compiled_kernel.cache_info().currsize
+        kernel = runner.config_for(256).compiled(runner.arch, 256, runner.tvm_ffi)
+        assert cute_launch.compiled_kernel.cache_info().currsize == compiled == 1  # compiled at construction
     finally:
-        cute_gemv._compiled.cache_clear()
-    assert not runner.tvm_ffi and [type(k).__name__ for k in runner._kernels.values()] == \
-        ["CudaDialectJitCompiledFunction"]
+        cute_launch.compiled_kernel.cache_clear()
+    assert not runner.tvm_ffi and type(kernel).__name__ == "CudaDialectJitCompiledFunction"
+    assert runner.config_for(256) == cute_gemv.NaiveConfig() and runner.config_for(256).permuted_scales
     assert "apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain call path" in \
         capsys.readouterr().err
 
@@ -311,3 +333,5 @@ def test_tiled_kernel_refuses_a_k_beyond_its_shared_memory(monkeypatch):
     with pytest.raises(NVFP4InputError, match="b: expected K <= 16384 for the tiled kernel.*got K = 16448"):
         cute_gemv.CuteGemv("fast", cute_gemv.TILED)._arguments(generate_input(128, 256, 1))
     assert cute_gemv.default_config(16448) == cute_gemv.WIDE  # the default never asks it to
+    assert cute_gemv.TILED.refusal(16384) is None and cute_gemv.TILED.refusal(16448).startswith("b: expected K <=")
+    assert cute_gemv.WIDE.refusal(2**20) is None

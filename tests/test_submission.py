@@ -25,6 +25,7 @@ import torch
 import nvfp4lib
 from nvfp4lib import device, dispatch, fallback, paths, scaled_mm
 from nvfp4lib.cute import gemv as cute_gemv
+from nvfp4lib.cute import launch as cute_launch
 from nvfp4lib.leaderboard import runtime
 from nvfp4lib.contract import validate_gemv_input
 from nvfp4lib.leaderboard.evaluate import evaluate, import_isolated
@@ -597,14 +598,14 @@ def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch
 
     monkeypatch.setattr(cute_gemv, "compile_gemv", fails)
     monkeypatch.setattr(fallback, "self_check", lambda kernel, where: _real_self_check(kernel, "cpu"))  # no GPU here
-    cute_gemv._compiled.cache_clear()
+    cute_launch.compiled_kernel.cache_clear()
     table = {name: (paths.PATHS[name].unavailable, paths.PATHS[name].build)
              for name in export_path("hybrid").candidates}
     try:
         with caplog.at_level(logging.INFO, logger="nvfp4lib.fallback"):
             kernel, backend = runtime.choose_kernel(table)
     finally:
-        cute_gemv._compiled.cache_clear()
+        cute_launch.compiled_kernel.cache_clear()
     assert _said(caplog)[-2] == ("WARNING", "cute_fast could not be built (RuntimeError: NVVM_ERROR_COMPILATION: "
                                             "unsupported operation); using scaled_mm_permuted")
     assert _said(caplog)[-1] == ("INFO", "self-check ok: scaled_mm_permuted on NVIDIA B200 (sm_100)")

@@ -2,6 +2,7 @@
 enumeration, their bit-exact model against the reference, the PTX of both targets, and on a GPU the
 kernels against the model bit for bit."""
 
+import csv
 import dataclasses
 import re
 
@@ -68,6 +69,27 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
     big = generate_input(128, 64, 1)
     big = (torch.empty(128, 16384, 1, dtype=torch.uint8), *big[1:])  # only a's shape is read: K = 32768
     assert "K <= 16384" in cute_bench.refusal(Runner(), big)
+    assert Runner.cfg.refusal(32768) == cute_bench.refusal(Runner(), big) and Runner.cfg.refusal(16384) is None
+    Runner.cfg = None  # the default config: it refuses no K
+    assert cute_bench.refusal(Runner(), big) is None
+
+
+def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
+    """`gemv.PER_K_DEFAULTS` against its source: per K, the computing per-K config of results/h200_per_k.csv
+    with the least leaderboard time and the least kernel time, faster than the fast kernel's default there."""
+    from nvfp4lib.cute import gemv
+
+    with open("results/h200_per_k.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    for k, cfg in gemv.PER_K_DEFAULTS.items():
+        per_k = [r for r in rows if r["path"].startswith("cute_wholek[") and int(r["k"]) == k
+                 and "compute=False" not in r["path"]]
+        assert len(per_k) == 5, k  # the computing configs of nvfp4lib.bench.profile.PER_K
+        for measure in ("leaderboard_us", "kernel_us"):
+            best = min(per_k, key=lambda r: float(r[measure]))  # noqa: B023
+            assert best["path"] == cute_bench.kernel_name("fast", cfg), (k, measure)
+        fast = next(r for r in rows if r["path"] == "cute_fast" and int(r["k"]) == k)
+        assert float(best["leaderboard_us"]) < float(fast["leaderboard_us"])
 
 
 # ------------------------------------------------------------------------------------ exactness
@@ -124,9 +146,11 @@ def test_exactness_text_names_the_bounds():
 def ptx():
     if whole_k.cute is None:
         pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
-    texts = {(arch, k): whole_k.compile_whole_k_ptx(arch, WholeKConfig(), k)
+    from nvfp4lib.cute.gemv import compile_ptx
+
+    texts = {(arch, k): compile_ptx("fast", arch, WholeKConfig(), k)
              for arch in ("sm_90a", "sm_100a") for k in (16384, 7168, 2048)}
-    texts["sm_90a", "bitops"] = whole_k.compile_whole_k_ptx("sm_90a", WholeKConfig(decode="bitops"), 2048)
+    texts["sm_90a", "bitops"] = compile_ptx("fast", "sm_90a", WholeKConfig(decode="bitops"), 2048)
     return texts
 
 
@@ -175,7 +199,9 @@ def test_machine_code_has_no_spills(arch, text):
     if whole_k.cute is None:
         pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
     cfg = cute_bench.parse_config(text)
-    resources = ptx_reading.cubin_resources(whole_k.compile_whole_k_cubin(arch, cfg, 16384))
+    from nvfp4lib.cute.gemv import compile_cubin
+
+    resources = ptx_reading.cubin_resources(compile_cubin("fast", arch, cfg, 16384))
     assert resources["frame_bytes"] == 0 and 0 < resources["registers"] <= 168, resources
 
 
@@ -189,12 +215,27 @@ def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
         pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
     caps = dataclasses.replace(capabilities(), cuda=True, sm=(10, 0), cute_arch="sm_100a")
     monkeypatch.setattr(gemv, "capabilities", lambda: caps)
-    runner = gemv.CuteGemv("fast", WholeKConfig())
-    assert runner._kernels == {}
-    first = runner._kernel_for(runner.cfg, 2048)
-    assert runner._kernel_for(runner.cfg, 2048) is first and runner._kernel_for(runner.cfg, 4096) is not first
-    with pytest.raises(NVFP4InputError, match="whole-K kernel"):
-        runner._kernel_for(WholeKConfig(chunks_per_thread=1, row_slots=2), 32768)
+    compiles = []
+    monkeypatch.setattr(whole_k, "compile_whole_k", lambda arch, cfg, k, options="", tvm_ffi=None:
+                        compiles.append((arch, cfg, k)) or object())
+    from nvfp4lib.cute.launch import compiled_kernel as cache
+    cache.cache_clear()
+    try:
+        runner = gemv.CuteGemv("fast", WholeKConfig())
+        assert compiles == []  # no K yet
+        first = runner.cfg.compiled(runner.arch, 2048, runner.tvm_ffi)
+        assert runner.cfg.compiled(runner.arch, 2048, runner.tvm_ffi) is first
+        assert runner.cfg.compiled(runner.arch, 4096, runner.tvm_ffi) is not first
+        assert compiles == [("sm_100a", WholeKConfig(), 2048), ("sm_100a", WholeKConfig(), 4096)]
+        refusing = gemv.CuteGemv("fast", WholeKConfig(chunks_per_thread=1, row_slots=2))
+        monkeypatch.setattr(gemv, "validate_gemv_input", lambda data, device: Shape(128, 32768, 1))
+        with pytest.raises(NVFP4InputError, match="a: expected K <= 16384 for the whole-K kernel"):
+            refusing.prepare(generate_input(128, 256, 1))
+        default = gemv.CuteGemv("fast")  # compiles the table's kernels at their K, at construction
+        assert compiles[2:] == [("sm_100a", cfg, k) for k, cfg in gemv.PER_K_DEFAULTS.items()]
+        assert all(default.config_for(k) is cfg for k, cfg in gemv.PER_K_DEFAULTS.items())
+    finally:
+        cache.cache_clear()
 
 
 # ------------------------------------------------------------------------------------ on a GPU
@@ -219,3 +260,18 @@ def test_matches_the_reference_and_its_model_bit_for_bit_on_gpu(text, shape):
     _, model16 = wm.plan_model(data, plan_for(cfg, shape.k), decode)
     got = out[:, 0, :].cpu().numpy()
     assert np.array_equal(got.view(np.uint16), model16.view(np.uint16))
+
+
+def test_config_model_models_the_kernel_each_config_runs():
+    """What a check of the default runner compares against: the per-K plan for a per-K config, the fast
+    kernel's lane order for the fast and tiled kernels."""
+    from nvfp4lib.cute import gemv
+    from nvfp4lib.study import decode_models
+
+    data = generate_input(128, 2048, 2, seed=5, mode="full")
+    per_k = wm.config_model(data, gemv.default_config(2048), "hw")
+    expected = wm.plan_model(data, plan_for(gemv.PER_K_DEFAULTS[2048], 2048), "hw")
+    assert all(np.array_equal(x.view(np.uint32 if x.dtype == np.float32 else np.uint16),
+                              y.view(np.uint32 if y.dtype == np.float32 else np.uint16)) for x, y in zip(per_k, expected))
+    fast = wm.config_model(data, gemv.TILED, "lut")[0]
+    assert np.array_equal(fast.view(np.uint32), decode_models.fast_kernel_model(data, "lut")[0].view(np.uint32))

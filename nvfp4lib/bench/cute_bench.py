@@ -15,8 +15,9 @@ Kernels are named as everywhere in the package, lowercase words joined by unders
 ``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
 `FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``, or
 ``cute_tiled[...]`` for the tiled kernel's `TiledConfig`, ``cute_wholek[...]`` for the per-K kernel's
-`whole_k.WholeKConfig` (`kernel_name`). These names are the rows' ``path`` in the CSV. A per-K kernel
-that cannot hold a shape's K says so ("refused") and is neither checked nor timed there.
+`whole_k.WholeKConfig` (`kernel_name`). These names are the rows' ``path`` in the CSV. A kernel
+whose config cannot run a shape's K (a per-K block too small for it) says so ("refused") and is neither
+checked nor timed there.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceiling
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
-from nvfp4lib.contract import NVFP4InputError
 from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
 from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities, missing
@@ -136,17 +136,8 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
 
 
 def refusal(kernel, data) -> str | None:
-    """Why ``kernel`` refuses this input (a per-K kernel whose block cannot hold K), or None."""
-    cfg = getattr(kernel, "cfg", None)
-    if not getattr(cfg, "per_k", False):
-        return None
-    from nvfp4lib.cute.whole_k import plan_for
-
-    try:
-        plan_for(cfg, 2 * data[0].shape[1])
-    except NVFP4InputError as err:
-        return str(err)
-    return None
+    """Why ``kernel`` refuses this input (a config that cannot run its K: `refusal` of the config), or None."""
+    return None if kernel.cfg is None else kernel.cfg.refusal(2 * data[0].shape[1])
 
 
 def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: list[dict] | None = None,

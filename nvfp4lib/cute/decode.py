@@ -22,8 +22,8 @@ a kernel calls them while it is traced, so they emit their instructions inline; 
 from __future__ import annotations
 
 from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
-from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, half2_to_f32_pair, ld_shared_v2,
-                               prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
+from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, e4m3x2_to_f32, fma_rn_f32,
+                               half2_to_f32_pair, ld_shared_v2, prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
 
 
 def decode_factor(decode: str):
@@ -147,18 +147,28 @@ def decode_b_word_lut(word, table=None):
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
 
 
-def decode_b_word_as(word, decode: str, table=None):
-    """8 E2M1 codes of B -> the 4 words that ``decode``'s block dot takes: signed bytes and their
-    negation ("lut", `decode_b_word_lut`), else 4 half2 (`decode_b_word`). ``table``: see `lookup4`."""
-    return decode_b_word_lut(word, table) if decode == "lut" else decode_b_word(word, decode == "hw")
+def decode_b_word_as(word, decode: str, table=None, negated: bool = True):
+    """8 E2M1 codes of B -> the words that ``decode``'s block dot takes: 4 half2 (`decode_b_word`), or for
+    "lut" the signed bytes and, with ``negated``, their negation (`decode_b_word_lut`: 4 words for
+    `block_dot_lut`; without, 2 words for `block_dot_lut2`). ``table``: see `lookup4`."""
+    if decode != "lut":
+        return decode_b_word(word, decode == "hw")
+    return decode_b_word_lut(word, table)[:4 if negated else 2]  # the negation unused: never traced into PTX
 
 
-def chunk_dots(a_words, b_dec, decode: str, table=None):
-    """The two 16-element block sums of a 16-byte chunk: 4 words of A against 16 words of B decoded by
-    `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums). ``table``: see `lookup4`."""
-    if decode == "lut":
-        return block_dot_lut(a_words[0:2], b_dec[0:8], table), block_dot_lut(a_words[2:4], b_dec[8:16], table)
-    return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+def decode_b_chunk(words, decode: str, table=None, negated: bool = True) -> list:
+    """A 16-byte chunk of B (4 words) decoded for `chunk_dots`: the words of `decode_b_word_as`, in order."""
+    return [x for w in range(4) for x in decode_b_word_as(words[w], decode, table, negated)]
+
+
+def chunk_dots(a_words, b_dec, decode: str, table=None, negated: bool = True):
+    """The two 16-element block sums of a 16-byte chunk: 4 words of A against B's chunk decoded by
+    `decode_b_chunk` with the same ``negated`` (exact; `DECODE_FACTOR` times the true sums). ``table``:
+    see `lookup4`."""
+    if decode != "lut":
+        return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+    dot, half = (block_dot_lut, 8) if negated else (block_dot_lut2, 4)
+    return dot(a_words[0:2], b_dec[0:half], table), dot(a_words[2:4], b_dec[half:2 * half], table)
 
 
 def block_dot_lut(a_words, b_bytes, table=None):
@@ -172,3 +182,53 @@ def block_dot_lut(a_words, b_bytes, table=None):
         for i in range(4):
             acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
     return s32_to_f32(acc)
+
+
+def block_dot_lut2(a_words, b_signed, table=None):
+    """4 x the sum of a 16-element block (2 words of A, 4 words of B's signed bytes), as fp32: the
+    lookup splits A by sign, and two int32 accumulators sum 2|a| * 2b over the positive and the
+    negative codes (each |sum| <= 16 * 144 = 2304, exact); their difference is converted once. B
+    needs no negated copy (half the registers of `block_dot_lut`'s)."""
+    pos, neg = Int32(0), Int32(0)
+    for w in range(2):
+        pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(a_words[w], table)
+        b_lo, b_hi = b_signed[2 * w], b_signed[2 * w + 1]
+        pos = dp4a(pos_hi, b_hi, dp4a(pos_lo, b_lo, pos))
+        neg = dp4a(neg_hi, b_hi, dp4a(neg_lo, b_lo, neg))
+    return s32_to_f32(pos - neg)
+
+
+# --------------------------------------------------------------------------- a chunk into the accumulators
+
+
+def scaled_b(sfb_pair, decode: str):
+    """B's two block scales of a chunk as fp32, times `DECODE_FACTOR` (folded in once per chunk of B)."""
+    factor = decode_factor(decode)
+    sb0, sb1 = e4m3x2_to_f32(sfb_pair)
+    return sb0 * factor, sb1 * factor
+
+
+def accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, table=None, per_k: bool = False):
+    """acc[r] += the two scaled block sums of row r's chunk (``a_chunks[r]``: 4 words, ``sfa_pairs[r]``
+    its scales) against one chunk of B (``b_dec``: `decode_b_chunk` with ``negated=not per_k``; ``sb``:
+    `scaled_b`), for every row. ``per_k`` (the per-K kernels): B's signed bytes alone, and each block
+    added with ``fma.rn.f32(sa * sb, block sum, acc)``, block 0 then 1, the order
+    `nvfp4lib.study.whole_k_model` reproduces; else ``acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)``, as the
+    compiler contracts it."""
+    for r in range(len(a_chunks)):
+        sa0, sa1 = e4m3x2_to_f32(sfa_pairs[r])
+        d0, d1 = chunk_dots(a_chunks[r], b_dec, decode, table, negated=not per_k)
+        if per_k:
+            acc[r] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[r]))
+        else:
+            acc[r] = acc[r] + d0 * (sa0 * sb[0]) + d1 * (sa1 * sb[1])
+
+
+def loads_xor(values):
+    """The loads-only kernels' stand-in for the math: every loaded value (buffers of words) XORed into
+    one word, as fp32, so that the loads stay and the decode and the math are gone (a wrong result)."""
+    x = Int32(0)
+    for buf in values:
+        for v in buf:
+            x = x ^ Int32(v)
+    return Float32(x)

@@ -36,19 +36,21 @@ from __future__ import annotations
 
 import functools
 import sys
-import tempfile
 from dataclasses import dataclass
 
 import torch
 
 from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, validate_gemv_input
-from nvfp4lib.cute.decode import (chunk_dots, decode_b_word, decode_b_word_as, decode_factor, decode_word_bitops,
-                                  decode_word_hw, lut_table, lut_table_smem, store_lut_table)
+from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, decode_b_word, decode_b_word_as,
+                                  decode_factor, decode_word_bitops, decode_word_hw, loads_xor, lut_table,
+                                  lut_table_smem, scaled_b, store_lut_table)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
                                ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
-from nvfp4lib.cute.launch import compile_launch, compile_target, has_tvm_ffi, leaderboard_tensors, resolve_decode
+from nvfp4lib.cute.launch import (compile_artifact, compile_launch, compile_target, compiled_kernel, has_tvm_ffi,
+                                  leaderboard_tensors, resolve_decode)
+from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
@@ -59,8 +61,37 @@ MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
 size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
 
 
+class OneKernelForEveryK:
+    """What `CuteGemv` asks of every config (`whole_k.WholeKConfig` has the same methods): here one
+    compiled kernel serves every K."""
+
+    permuted_scales = False  # the scales a kernel reads: the plain ones unless a config says otherwise
+
+    def refusal(self, k: int) -> str | None:
+        """Why this config cannot run this K (an error message naming the argument), or None."""
+        return None
+
+    def compile(self, arch: str | None, k: int | None = None, options: str = "", tvm_ffi: bool | None = None):
+        """The config's kernel for ``arch``, compiled now (`compile_gemv`; ``k`` is not needed)."""
+        return compile_gemv("fast", arch, self, options, tvm_ffi)
+
+    def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
+        """The compiled kernel, from the compile cache (`launch.compiled_kernel`): one for every K."""
+        return compiled_kernel(self, arch, None, tvm_ffi)
+
+
 @dataclass(frozen=True)
-class FastConfig:
+class NaiveConfig(OneKernelForEveryK):
+    """The naive kernel: one thread per row, permuted scales; its one choice is the FP4 decode
+    ("auto": the hardware conversion where the target has it, else the bit trick)."""
+
+    decode: str = "auto"
+    compute = True  # not fields: what a benchmark reads of every config
+    permuted_scales = True
+
+
+@dataclass(frozen=True)
+class FastConfig(OneKernelForEveryK):
     """Compile-time shape of the fast kernel (one compiled variant per config)."""
 
     rows_per_warp: int = 4
@@ -123,30 +154,12 @@ def _stage_snapshot(stage):
     return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
 
 
-def _accumulate_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
-    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.chunk_dots`)."""
+def _accumulate_step_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
+    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.accumulate_chunk`)."""
     a, sfa, b, sfb = values
-    b_dec = []
-    for w in range(4):
-        b_dec.extend(decode_b_word_as(b[4 * u + w], decode, table))
-    factor = decode_factor(decode)
-    sb0, sb1 = e4m3x2_to_f32(sfb[u])
-    sb0, sb1 = sb0 * factor, sb1 * factor
-    for r in range(rows):
-        words = a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4]
-        sa0, sa1 = e4m3x2_to_f32(sfa[r * unroll + u])
-        d0, d1 = chunk_dots(words, b_dec, decode, table)
-        acc[r] = acc[r] + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
-
-
-def _touch(values, rows: int, acc):
-    """Consume the loaded words with one XOR each, so the loads stay but the math is gone."""
-    x = Int32(0)
-    for buf in values:
-        for v in buf:
-            x = x ^ Int32(v)
-    for r in range(rows):
-        acc[r] = acc[r] + Float32(x)
+    a_chunks = [a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4] for r in range(rows)]
+    accumulate_chunk(acc, a_chunks, sfa[u::unroll], decode_b_chunk(b[4 * u:4 * u + 4], decode, table),
+                     scaled_b(sfb[u], decode), decode, table)
 
 
 def scale_offset(chunk, permuted: bool):
@@ -254,9 +267,11 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
                 _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
             if cutlass.const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(U):
-                    _accumulate_chunk(values, u, R, U, acc, decode, table)
+                    _accumulate_step_chunk(values, u, R, U, acc, decode, table)
             else:
-                _touch(values, R, acc)
+                touched = loads_xor(values)
+                for r in cutlass.range_constexpr(R):
+                    acc[r] = acc[r] + touched
             step = step + 1
             if step == steps_per_group:  # the row group is complete: reduce over the warp, write, reset
                 done = _RowGroup(a, b, sfa, sfb, group_id, R, P)
@@ -279,7 +294,7 @@ STATIC_SMEM_BYTES = 48 * 1024  # shared memory a kernel may declare statically
 
 
 @dataclass(frozen=True)
-class TiledConfig:
+class TiledConfig(OneKernelForEveryK):
     """Compile-time shape of the tiled kernel (one compiled variant per config).
 
     A block owns ``rows_per_block`` consecutive rows of one batch (contiguous bytes of A) and
@@ -312,6 +327,11 @@ class TiledConfig:
     @property
     def rows_per_warp(self) -> int:
         return self.rows_per_block // self.warps_per_block
+
+    def refusal(self, k: int) -> str | None:
+        if k > self.max_k:
+            return f"b: expected K <= {self.max_k} for the tiled kernel (B is decoded into shared memory), got K = {k}"
+        return None
 
 
 def _tile_loads(stage, a_base, sfa_base, kh, row, seg, segs, n_chunks, lane, cfg: TiledConfig):
@@ -404,10 +424,7 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                     d0, d1 = chunk_dots(words, b_dec, decode, table)
                     acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
                 else:
-                    x = Int32(sfa_now[u])
-                    for i in cutlass.range_constexpr(4):
-                        x = x ^ words[i]
-                    acc = acc + Float32(x)
+                    acc = acc + loads_xor([[sfa_now[u]], words])
                 if seg == segs - 1:  # the row is complete: reduce over the warp, write, reset
                     total = cute.arch.warp_reduction_sum(acc)
                     if lane == 0 and row < RW:
@@ -458,24 +475,30 @@ def make_naive_kernel(hw_e2m1: bool):
 # --------------------------------------------------------------------------- compile & call
 
 
-def _reads_permuted(variant: str, cfg: FastConfig | TiledConfig | None) -> bool:
-    """Which scales a compiled kernel reads: the naive one (and -perm configs) the permuted ones."""
-    return variant == "naive" or (isinstance(cfg, FastConfig) and cfg.permuted_scales)
-
-
 WIDE = FastConfig(lut_registers=True)  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
 TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
 TILED = TiledConfig(lut_registers=True)  # 32 rows per block of 8 warps, B in shared memory, 2 chunks per lane
 
 
-def default_config(k: int) -> FastConfig | TiledConfig:
+PER_K_DEFAULTS = {16384: WholeKConfig(chunks_per_thread=2, rows_per_thread=2),  # w2x2x1
+                  7168: WholeKConfig(chunks_per_thread=1, rows_per_thread=4),  # w1x4x1
+                  2048: WholeKConfig(chunks_per_thread=1, rows_per_thread=4)}  # w1x4x1
+"""The per-K kernels that `default_config` picks at the benchmark K: of the per-K configs measured
+on the H200 (results/h200_per_k.csv, commit f91bda39931b), the fastest at each K, by kernel time
+and by leaderboard time, and faster there than the fast and tiled kernels."""
+
+
+def default_config(k: int) -> FastConfig | TiledConfig | WholeKConfig:
     """The fast kernel's config for this K, as measured best on the H200.
 
-    WIDE reads longer runs of each row, which the memory system serves better, but a step
-    covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224
-    chunks, 3.5 steps) its last step computes on zeros. There the tiled kernel, whose warps
-    run on from one row into the next, is faster (up to TILED.max_k; WIDE beyond).
+    At the K of `PER_K_DEFAULTS`, its per-K kernel. Elsewhere: WIDE reads longer runs of each row,
+    which the memory system serves better, but a step covers 64 chunks of 16 bytes; where K/32
+    chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its last step computes on
+    zeros. There the tiled kernel, whose warps run on from one row into the next, is faster (up to
+    TILED.max_k; WIDE beyond).
     """
+    if k in PER_K_DEFAULTS:
+        return PER_K_DEFAULTS[k]
     return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 or k > TILED.max_k else TILED
 
 
@@ -488,30 +511,32 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
                  options: str = "", tvm_ffi: bool | None = None):
     """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
 
-    "fast" builds the fast kernel of a `FastConfig` or the tiled kernel of a `TiledConfig`.
+    "fast" builds the kernel of the config's class: the fast kernel of a `FastConfig`, the tiled
+    kernel of a `TiledConfig` (the naive one of a `NaiveConfig`); "naive" the naive kernel with
+    ``cfg``'s decode.
 
     ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them). ``tvm_ffi``: compile
     for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
     apache-tvm-ffi is installed.
     """
+    if variant not in ("fast", "naive"):
+        raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
     arch = compile_target(arch)
+    cfg = _kernel_config(variant, cfg)
     decode = resolve_decode(arch, cfg.decode)
-    if variant == "fast" and isinstance(cfg, TiledConfig):
-        kernel = make_tiled_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = 1 << 30  # a block per tile
-    elif variant == "fast":
-        kernel = make_fast_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = sm_count() * cfg.blocks_per_sm
-    elif variant == "naive":
+    if isinstance(cfg, NaiveConfig):
         kernel = make_naive_kernel(decode == "hw")
         threads, rows_per_block = NAIVE_THREADS, NAIVE_THREADS  # a thread per row
         max_blocks = 1 << 30
+    elif isinstance(cfg, TiledConfig):
+        kernel = make_tiled_kernel(cfg, decode)
+        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
+        max_blocks = 1 << 30  # a block per tile
     else:
-        raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
-
-    permuted = _reads_permuted(variant, cfg)
+        kernel = make_fast_kernel(cfg, decode)
+        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
+        max_blocks = sm_count() * cfg.blocks_per_sm
+    permuted = cfg.permuted_scales
 
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
@@ -555,26 +580,21 @@ def cu_stream():
     return CUstream
 
 
-def _compile_artifact(variant: str, arch: str, cfg: FastConfig, kind: str):
-    """Compile in a scratch folder and return the kept ``kind`` ("ptx" or "cubin"); no GPU needed."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return getattr(compile_gemv(variant, arch, cfg, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
+def _kernel_config(variant: str, cfg):
+    """The config of what ``variant`` compiles of ``cfg`` ("naive": the naive kernel with cfg's decode)."""
+    return NaiveConfig(cfg.decode) if variant == "naive" else cfg
 
 
-def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig = FastConfig()) -> str:
-    """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed)."""
-    return _compile_artifact(variant, arch, cfg, "ptx")
+def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig | WholeKConfig = FastConfig(),
+                k: int | None = None) -> str:
+    """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed); ``k``: the K of a per-K config."""
+    return compile_artifact(_kernel_config(variant, cfg), arch, k, "ptx")
 
 
-def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig = FastConfig()) -> bytes:
-    """The machine code (cubin) of one variant for ``arch``, compiled on any machine."""
-    cubin = _compile_artifact(variant, arch, cfg, "cubin")
-    return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
-
-
-@functools.cache
-def _compiled(variant: str, arch: str, cfg: FastConfig | TiledConfig, tvm_ffi: bool):
-    return compile_gemv(variant, arch, cfg, tvm_ffi=tvm_ffi)
+def compile_cubin(variant: str = "fast", arch: str = "sm_100a",
+                  cfg: FastConfig | TiledConfig | WholeKConfig = FastConfig(), k: int | None = None) -> bytes:
+    """The machine code (cubin) of one variant for ``arch``, compiled on any machine; ``k`` as `compile_ptx`'s."""
+    return compile_artifact(_kernel_config(variant, cfg), arch, k, "cubin")
 
 
 class CuteGemv:
@@ -586,60 +606,57 @@ class CuteGemv:
     per input tuple and their launch arguments and kernel remembered with it (``TupleCache``).
     """
 
-    def __init__(self, variant: str = "fast", cfg: FastConfig | None = None, cache_entries: int = 4):
+    def __init__(self, variant: str = "fast", cfg: FastConfig | TiledConfig | WholeKConfig | None = None,
+                 cache_entries: int = 4):
         if variant not in ("fast", "naive"):
             raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
         caps = capabilities()
         self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
         self.tvm_ffi = has_tvm_ffi()
-        # Compiled now, not inside a timed or captured call. Without a GPU nothing is
-        # compiled; a call then fails validation, naming the argument.
-        configs = [cfg] if cfg is not None else [WIDE, TILED] if variant == "fast" else [FastConfig()]
+        # what every call runs (None: default_config(K) per input); "naive": the naive kernel with cfg's decode
+        self._fixed = _kernel_config(variant, cfg or NaiveConfig()) if variant == "naive" else cfg
         if caps.cuda and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
-        self._kernels = {c: _compiled(variant, self.arch, c, self.tvm_ffi) for c in configs
-                         if not getattr(c, "per_k", False)} if caps.cuda else {}
+        # Compiled now, not inside a timed or captured call: the config's kernel, or every kernel the default picks
+        # (a per-K config given here compiles on the first input of each K). Without a GPU nothing is compiled; a
+        # call then fails validation, naming the argument.
+        startup = [(self._fixed, None)] if self._fixed else \
+            [(WIDE, None), (TILED, None), *((c, k) for k, c in PER_K_DEFAULTS.items())]
+        for config, k in startup if caps.cuda else ():
+            config.compiled(self.arch, k, self.tvm_ffi)
         self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream type
         self._prepared = TupleCache(cache_entries)
 
-    def _kernel_for(self, cfg, k: int):
-        """The compiled kernel of ``cfg`` for this K; a per-K config (`whole_k.WholeKConfig`) compiles once per K,
-        on the first input with that K (`whole_k.compiled_for_k`, which refuses a K it cannot hold)."""
-        if getattr(cfg, "per_k", False):
-            from nvfp4lib.cute.whole_k import compiled_for_k
-
-            return compiled_for_k(self.arch, cfg, k, self.tvm_ffi)
-        return self._kernels[cfg]
-
-    def config_for(self, k: int) -> FastConfig | TiledConfig:
+    def config_for(self, k: int) -> FastConfig | TiledConfig | WholeKConfig | NaiveConfig:
         """The config a call with this K runs."""
-        if self.cfg is not None:
-            return self.cfg
-        return default_config(k) if self.variant == "fast" else FastConfig()
+        return self._fixed or default_config(k)
 
-    def _prepare(self, data):
+    def prepare(self, data):
+        """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
+        nothing: the call is ``kernel(*args, stream)``. The input is validated, and a per-K kernel compiled at a
+        new K, once per tuple (``TupleCache``); call it first to keep both out of what is timed or profiled."""
         return self._prepared.get(data, self._arguments)
 
     def _arguments(self, data):
         shape = validate_gemv_input(data, device="cuda")
         check_launch_bounds(shape)
         cfg = self.config_for(shape.k)
-        if isinstance(cfg, TiledConfig) and shape.k > cfg.max_k:
-            raise NVFP4InputError(f"b: expected K <= {cfg.max_k} for the tiled kernel (B is decoded into shared "
-                                  f"memory), got K = {shape.k}")
+        refused = cfg.refusal(shape.k)
+        if refused is not None:
+            raise NVFP4InputError(refused)
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
         if c.device.index != torch.cuda.current_device():
             raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
                                   f"got {c.device} (call under torch.cuda.device({c.device.index}))")
-        if _reads_permuted(self.variant, self.cfg):
+        if cfg.permuted_scales:
             sfa, sfb = sfa_p, sfb_p
         pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
         args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
-        return self._kernel_for(cfg, shape.k), args, c.device.index, c
+        return cfg.compiled(self.arch, shape.k, self.tvm_ffi), args, c.device.index, c
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
-        fn, args, device, c = self._prepare(data)  # c is data's own: the cache keys on every tensor
+        fn, args, device, c = self.prepare(data)  # c is data's own: the cache keys on every tensor
         handle = current_stream_handle(device) if stream is None else stream.cuda_stream
         fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
         return c

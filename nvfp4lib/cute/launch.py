@@ -4,6 +4,9 @@ leaderboard's tensors from raw addresses."""
 
 from __future__ import annotations
 
+import functools
+import tempfile
+
 from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
 from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, cute, cutlass
 from nvfp4lib.device import capabilities
@@ -82,3 +85,19 @@ def compile_launch(launch, example_args, arch: str | None = None, options: str =
     tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
     return cute.compile(launch, *example_args, make_fake_stream(),
                         options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
+@functools.cache
+def compiled_kernel(cfg, arch: str, k: int | None, tvm_ffi: bool):
+    """The compile cache of every kernel config (`gemv.FastConfig`, `gemv.TiledConfig`, `whole_k.WholeKConfig`,
+    ...): ``cfg.compile(arch, k, tvm_ffi=tvm_ffi)`` once per (config, target, K, call kind); ``k`` None for a
+    config whose one kernel takes every K."""
+    return cfg.compile(arch, k, tvm_ffi=tvm_ffi)
+
+
+def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
+    """What a compile of ``cfg``'s kernel for ``arch`` (at K ``k`` where it compiles per K) keeps in a scratch
+    folder: the PTX text (``kind`` "ptx") or the machine code (``kind`` "cubin", as bytes); no GPU needed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact = getattr(cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
+    return artifact.encode("latin1") if kind == "cubin" and isinstance(artifact, str) else artifact

@@ -26,18 +26,14 @@ needs no negated copy), "bitops" (the bit trick: A as value x 2^-14, fp16x2 FMAs
 
 from __future__ import annotations
 
-import functools
-import tempfile
 from dataclasses import dataclass
 
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
-from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_lut,
-                                  negate_bytes)
-from nvfp4lib.cute.launch import compile_launch, compile_target, leaderboard_tensors, resolve_decode
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, dp4a,
-                               e4m3x2_to_f32, fma_rn_f32, l2_policy, ld_global_u16_if, ld_global_v4_policy,
-                               s32_to_f32, smem_allocator)
+from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
+from nvfp4lib.cute.launch import compile_launch, compile_target, compiled_kernel, leaderboard_tensors, resolve_decode
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
+                               ld_global_v4_policy, smem_allocator)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -57,7 +53,7 @@ class WholeKConfig:
     result that times the access pattern).
     """
 
-    per_k = True  # not a field: `gemv.CuteGemv` compiles such a config once per K (`compiled_for_k`)
+    permuted_scales = False  # not a field: the kernel reads the plain scales
 
     chunks_per_thread: int = 2
     rows_per_thread: int = 4
@@ -79,6 +75,25 @@ class WholeKConfig:
     @property
     def rows_per_block(self) -> int:
         return self.rows_per_thread * self.row_slots
+
+    # What `gemv.CuteGemv` asks of every config (`gemv.OneKernelForEveryK` has the same methods).
+
+    def refusal(self, k: int) -> str | None:
+        """Why this config cannot run this K (`plan_for`'s error, naming the argument), or None."""
+        try:
+            plan_for(self, k)
+        except NVFP4InputError as err:
+            return str(err)
+        return None
+
+    def compile(self, arch: str | None, k: int, options: str = "", tvm_ffi: bool | None = None):
+        """The kernel of this K for ``arch``, compiled now (`compile_whole_k`)."""
+        return compile_whole_k(arch, self, k, options, tvm_ffi)
+
+    def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
+        """The kernel of this K from the compile cache (`launch.compiled_kernel`): one per K, compiled on the
+        first input with that K; None for ``k`` None (no K to compile for yet)."""
+        return None if k is None else compiled_kernel(self, arch, k, tvm_ffi)
 
 
 @dataclass(frozen=True)
@@ -124,7 +139,7 @@ class WholeKPlan:
 
 def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
     """The launch shape of ``cfg`` at this K (a multiple of 64); refuses a K or a shape a block cannot hold."""
-    if k < 64 or k % 64:
+    if not isinstance(k, int) or k < 64 or k % 64:
         raise NVFP4InputError(f"a: expected K a positive multiple of 64 for the whole-K kernel, got K = {k}")
     n_chunks = k // 32
     threads_per_row = 32 * -(-n_chunks // (32 * cfg.chunks_per_thread))
@@ -163,58 +178,7 @@ def lut_after(zero):
     return Int32(LUT_LO) ^ zero, Int32(LUT_HI) ^ zero
 
 
-def decode_b_signed(word, table):
-    """8 E2M1 codes of B -> their 2v as signed bytes (codes 0-3, codes 4-7): the lookup's positive
-    part OR the negation of its negative part (the two never overlap)."""
-    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
-    return pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi)
-
-
-def block_dot_lut2(a_words, b_signed, table):
-    """4 x the sum of a 16-element block (2 words of A, 4 words of B's signed bytes), as fp32: the
-    lookup splits A by sign, and two int32 accumulators sum 2|a| * 2b over the positive and the
-    negative codes (each |sum| <= 16 * 144 = 2304, exact); their difference is converted once."""
-    pos, neg = Int32(0), Int32(0)
-    for w in range(2):
-        pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(a_words[w], table)
-        b_lo, b_hi = b_signed[2 * w], b_signed[2 * w + 1]
-        pos = dp4a(pos_hi, b_hi, dp4a(pos_lo, b_lo, pos))
-        neg = dp4a(neg_hi, b_hi, dp4a(neg_lo, b_lo, neg))
-    return s32_to_f32(pos - neg)
-
-
-def decode_b_chunk(words, decode: str, table):
-    """A chunk of B (4 words) as ``chunk_block_sums`` takes it: 8 signed-byte words ("lut") or 16 half2."""
-    out = []
-    for w in range(4):
-        out.extend(decode_b_signed(words[w], table) if decode == "lut" else decode_b_word(words[w], decode == "hw"))
-    return out
-
-
-def chunk_block_sums(a_words, b_dec, decode: str, table):
-    """The two exact block sums of a chunk of A (times `DECODE_FACTOR`), against `decode_b_chunk`."""
-    if decode == "lut":
-        return block_dot_lut2(a_words[0:2], b_dec[0:4], table), block_dot_lut2(a_words[2:4], b_dec[4:8], table)
-    hw = decode == "hw"
-    return block_dot(a_words[0:2], b_dec[0:8], hw), block_dot(a_words[2:4], b_dec[8:16], hw)
-
-
 # --------------------------------------------------------------------------- the kernel
-
-
-def _accumulate(acc, b_words, sfb_pair, a_chunks, sfa_pairs, decode: str, table):
-    """acc[q] += the two scaled block sums of chunk i of row q, for every row of the thread: B's chunk
-    decoded once, then per row ``fma.rn.f32(sa * (sb * DECODE_FACTOR), block sum, acc)`` for block 0, then 1."""
-    b_dec = decode_b_chunk(b_words, decode, table)
-    factor = decode_factor(decode)
-    sb0, sb1 = e4m3x2_to_f32(sfb_pair)
-    sb0, sb1 = sb0 * factor, sb1 * factor
-    for q in range(len(a_chunks)):
-        d0, d1 = chunk_block_sums(a_chunks[q], b_dec, decode, table)
-        sa0, sa1 = e4m3x2_to_f32(sfa_pairs[q])
-        acc[q] = fma_rn_f32(sa0 * sb0, d0, acc[q])
-        acc[q] = fma_rn_f32(sa1 * sb1, d1, acc[q])
-
 
 
 def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
@@ -264,21 +228,18 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
             table = lut_after(zero) if decode == "lut" else None
             if cutlass.const_expr(decode != "lut"):  # the fp16 decodes: B's words carry the dependency
                 b_words = [[w ^ zero for w in words] for words in b_words]
-            for i in cutlass.range_constexpr(C):
+            for i in cutlass.range_constexpr(C):  # chunk i of every row of the thread, against one decode of B's
+                b_dec = decode_b_chunk(b_words[i], decode, table, negated=False)
+                chunk = (acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, table)
                 if cutlass.const_expr(partial_chunks[i]):
                     if t < n_chunks - i * P:  # threads past the row's end skip it (whole warps where 32 | K/32)
-                        _accumulate(acc, b_words[i], sfb_pairs[i], a_words[i::C], sfa_pairs[i::C], decode, table)
+                        accumulate_chunk(*chunk, per_k=True)
                 else:
-                    _accumulate(acc, b_words[i], sfb_pairs[i], a_words[i::C], sfa_pairs[i::C], decode, table)
+                    accumulate_chunk(*chunk, per_k=True)
         else:
-            x = Int32(0)
-            for words in b_words + a_words:
-                for w in words:
-                    x = x ^ w
-            for pair in sfb_pairs + sfa_pairs:
-                x = x ^ Int32(pair)
+            touched = loads_xor(b_words + a_words + [sfb_pairs + sfa_pairs])
             for q in cutlass.range_constexpr(Q):
-                acc[q] = Float32(x)
+                acc[q] = acc[q] + touched
 
         if cutlass.const_expr(WP == 1):
             for q in cutlass.range_constexpr(Q):
@@ -320,25 +281,3 @@ def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm
         kernel(a, b, sfa, sfb, c).launch(grid=[m // rows, l, 1], block=[threads, 1, 1], stream=stream)
 
     return compile_launch(launch, [Int64(0)] * 5 + [Int32(k // 2)] + [Int32(1)] * 2, arch, options, tvm_ffi)
-
-
-def _artifact(arch: str, cfg: WholeKConfig, k: int, kind: str):
-    with tempfile.TemporaryDirectory() as tmp:
-        return getattr(compile_whole_k(arch, cfg, k, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
-
-
-def compile_whole_k_ptx(arch: str = "sm_100a", cfg: WholeKConfig = WholeKConfig(), k: int = 16384) -> str:
-    """The PTX of the kernel of ``cfg`` at this K, on any machine."""
-    return _artifact(arch, cfg, k, "ptx")
-
-
-def compile_whole_k_cubin(arch: str = "sm_100a", cfg: WholeKConfig = WholeKConfig(), k: int = 16384) -> bytes:
-    """The machine code (cubin) of the kernel of ``cfg`` at this K, on any machine."""
-    cubin = _artifact(arch, cfg, k, "cubin")
-    return cubin if isinstance(cubin, bytes) else cubin.encode("latin1")
-
-
-@functools.cache
-def compiled_for_k(arch: str, cfg: WholeKConfig, k: int, tvm_ffi: bool):
-    """The compile cache of the per-K kernels: one compiled function per (target, config, K)."""
-    return compile_whole_k(arch, cfg, k, tvm_ffi=tvm_ffi)

@@ -282,34 +282,55 @@ def fast_kernel_model(data, decode: str) -> tuple[np.ndarray, np.ndarray]:
 
     Lane t of a row's warp takes 16-byte chunks t, t + 32, t + 64, ... (every tile walks them in this
     order; chunks past K/32 load as zeros and add nothing), accumulates them with `chunk_update`,
-    and the 32 lane sums meet in a butterfly (``shfl.sync.bfly`` 16, 8, 4, 2, 1, each ``add.f32``).
+    and the 32 lane sums meet in a butterfly (``shfl.sync.bfly`` 16, 8, 4, 2, 1, each ``add.f32``):
+    `chunked_kernel_model` with one warp per row.
     """
+    n_chunks = tensor_bytes(data[0]).shape[1] // 16
+    return chunked_kernel_model(data, WARP, -(-n_chunks // WARP), decode)
+
+
+def chunked_kernel_model(data, threads_per_row: int, chunks_per_thread: int,
+                         decode: str) -> tuple[np.ndarray, np.ndarray]:
+    """(float32 [M, L] before the final rounding, float16 [M, L] as written) of a kernel whose rows are
+    shared by ``threads_per_row`` threads (whole warps) of up to ``chunks_per_thread`` 16-byte chunks each,
+    on a CPU copy of the leaderboard tuple: thread t accumulates chunks t, t + P, ... (those inside the
+    row) with `chunk_update`, the lanes of warp w (threads 32w..32w+31) meet in the butterfly, and the
+    warps' sums are added in order of w. The fast kernel (`fast_kernel_model`) and the per-K kernels
+    (`nvfp4lib.study.whole_k_model`) are this model with their own thread layout."""
+    if decode not in DECODE_FACTOR:
+        raise ValueError(f"decode: expected one of {tuple(DECODE_FACTOR)}, got {decode!r}")
     a, b, sfa, sfb, *_ = data  # the permuted scales and c are not read
     a = tensor_bytes(a)  # [M, K/2, L]
     b = tensor_bytes(b)[0]  # [K/2, L], row 0: the vector
     sfa, sfb = tensor_bytes(sfa), tensor_bytes(sfb)[0]
     m, half_k, l = a.shape
-    n_chunks = half_k // 16
-    steps = -(-n_chunks // WARP)
-    pad = steps * WARP - n_chunks
-    # [L, M, steps, lanes, 16] codes; [L, M, steps, lanes] scale pairs (u16 of bytes 2c, 2c + 1)
+    n_chunks, P, C = half_k // 16, threads_per_row, chunks_per_thread
+    if P % WARP or C * P < n_chunks:
+        raise ValueError(f"threads_per_row x chunks_per_thread must cover the {n_chunks} chunks in whole warps")
+    pad = C * P - n_chunks
+    # [L, M, C, P, 16] codes; [L, M, C, P] scale pairs (u16 of bytes 2c, 2c + 1)
     a_chunks = np.pad(a.transpose(2, 0, 1).reshape(l, m, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
     b_chunks = np.pad(b.T.reshape(l, 1, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
     sfa_pairs = np.pad(scale_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
     sfb_pairs = np.pad(scale_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
-    shape = (l, m, steps, WARP)
+    shape = (l, m, C, P)
     a_words = load_words(a_chunks.reshape(*shape, 16))
-    b_words = load_words(np.broadcast_to(b_chunks.reshape(l, 1, steps, WARP, 16), (*shape, 16)))
-    sfa_pairs = sfa_pairs.reshape(shape)
-    sfb_pairs = np.broadcast_to(sfb_pairs.reshape(l, 1, steps, WARP), shape)
-    acc = np.zeros((l, m, WARP), dtype=np.float32)
-    for step in range(steps):
-        acc = chunk_update(acc, [w[:, :, step] for w in a_words], [w[:, :, step] for w in b_words],
-                           sfa_pairs[:, :, step], sfb_pairs[:, :, step], decode)
+    b_words = load_words(np.broadcast_to(b_chunks.reshape(l, 1, C, P, 16), (*shape, 16)))
+    sfa_pairs, sfb_pairs = sfa_pairs.reshape(shape), np.broadcast_to(sfb_pairs.reshape(l, 1, C, P), shape)
+    acc = np.zeros((l, m, P), dtype=np.float32)
+    for i in range(C):
+        inside = (np.arange(P) + i * P) < n_chunks  # threads past the row's end skip the chunk
+        step = chunk_update(acc, [w[:, :, i] for w in a_words], [w[:, :, i] for w in b_words], sfa_pairs[:, :, i],
+                            sfb_pairs[:, :, i], decode)
+        acc = np.where(inside, step, acc)
+    warps = acc.reshape(l, m, P // WARP, WARP)
     lanes = np.arange(WARP)
     for offset in (16, 8, 4, 2, 1):
-        acc = acc + acc[..., lanes ^ offset]
-    total = acc[..., 0].T  # every lane holds the sum; [M, L]
+        warps = warps + warps[..., lanes ^ offset]
+    total = warps[..., 0, 0]  # every lane holds its warp's sum
+    for w in range(1, P // WARP):
+        total = total + warps[..., w, 0]
+    total = total.T  # [M, L]
     return total, total.astype(np.float16)
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from nvfp4lib.study.decode_models import (DECODE_FACTOR, WARP, tensor_bytes, scale_pairs, load_words, chunk_update, decode_word_lut,
-                                          dp4a, e2m1_f16_bits, fma_rn, negate_bytes)
+from nvfp4lib.study.decode_models import (chunked_kernel_model, decode_word_lut, dp4a, e2m1_f16_bits, fast_kernel_model,
+                                          fma_rn, negate_bytes)
 
 EXACTNESS = r"""
 **Why the per-K kernels' block sums are exact.** A 16-element block is summed before any scale touches it.
@@ -92,8 +92,8 @@ def fp16_accumulation_check(decode: str, products_per_lane: int = 8) -> dict:
 
 
 def lut_accumulation_check() -> dict:
-    """The lookup decode's integers: every code's 2|v| (A) and 2v (B) as `whole_k.decode_b_signed` and
-    `decode_word_lut` produce them for every byte, and the largest accumulator of a 16-code block."""
+    """The lookup decode's integers: every code's 2|v| (A) and 2v (B) as `cute.decode.decode_b_word_as` ("lut", not
+    negated) and `decode_word_lut` produce them for every byte, and the largest accumulator of a 16-code block."""
     words = np.arange(256, dtype=np.uint32) * 0x01010101  # each byte value in every byte of a word
     pos_lo, _, neg_lo, _ = decode_word_lut(words)
     b_lo, _ = decode_b_signed(words)
@@ -115,13 +115,13 @@ def lut_accumulation_check() -> dict:
 
 
 def decode_b_signed(word) -> list[np.ndarray]:
-    """`whole_k.decode_b_signed`: B's 2v as signed bytes, codes 0-3 then 4-7."""
+    """`cute.decode.decode_b_word_as` ("lut", not negated): B's 2v as signed bytes, codes 0-3 then 4-7."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
     return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi)]
 
 
 def block_dot_lut2(a_words, b_words) -> np.ndarray:
-    """`whole_k.block_dot_lut2`: 4 x a block's sum, from a positive and a negative dp4a accumulator."""
+    """`cute.decode.block_dot_lut2`: 4 x a block's sum, from a positive and a negative dp4a accumulator."""
     pos = np.zeros(np.shape(a_words[0]), dtype=np.int64)
     neg = np.zeros_like(pos)
     for w in range(2):
@@ -135,44 +135,22 @@ def block_dot_lut2(a_words, b_words) -> np.ndarray:
 def whole_k_model(data, threads_per_row: int, chunks_per_thread: int, decode: str) -> tuple[np.ndarray, np.ndarray]:
     """(float32 [M, L] before the final rounding, float16 [M, L] as written) of a per-K kernel whose rows
     are shared by ``threads_per_row`` threads of ``chunks_per_thread`` chunks (`WholeKPlan`), on a CPU copy
-    of the leaderboard tuple. Thread t accumulates chunks t, t + P, ... (those inside the row) with
-    `decode_models.chunk_update`; the lanes of warp w (threads 32w..32w+31) meet in the butterfly; the
-    warps' sums are added in order of w."""
-    if decode not in DECODE_FACTOR:
-        raise ValueError(f"decode: expected one of {tuple(DECODE_FACTOR)}, got {decode!r}")
-    a, b, sfa, sfb, *_ = data
-    a, b = tensor_bytes(a), tensor_bytes(b)[0]
-    sfa, sfb = tensor_bytes(sfa), tensor_bytes(sfb)[0]
-    m, half_k, l = a.shape
-    n_chunks, P, C = half_k // 16, threads_per_row, chunks_per_thread
-    if P % WARP or C * P < n_chunks:
-        raise ValueError(f"threads_per_row x chunks_per_thread must cover the {n_chunks} chunks in whole warps")
-    pad = C * P - n_chunks
-    a_chunks = np.pad(a.transpose(2, 0, 1).reshape(l, m, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    b_chunks = np.pad(b.T.reshape(l, 1, n_chunks, 16), ((0, 0), (0, 0), (0, pad), (0, 0)))
-    sfa_pairs = np.pad(scale_pairs(sfa.transpose(2, 0, 1)), ((0, 0), (0, 0), (0, pad)))
-    sfb_pairs = np.pad(scale_pairs(sfb.T[:, None, :]), ((0, 0), (0, 0), (0, pad)))
-    shape = (l, m, C, P)
-    a_words = load_words(a_chunks.reshape(*shape, 16))
-    b_words = load_words(np.broadcast_to(b_chunks.reshape(l, 1, C, P, 16), (*shape, 16)))
-    sfa_pairs, sfb_pairs = sfa_pairs.reshape(shape), np.broadcast_to(sfb_pairs.reshape(l, 1, C, P), shape)
-    acc = np.zeros((l, m, P), dtype=np.float32)
-    for i in range(C):
-        inside = (np.arange(P) + i * P) < n_chunks  # threads past the row's end skip the chunk
-        step = chunk_update(acc, [w[:, :, i] for w in a_words], [w[:, :, i] for w in b_words], sfa_pairs[:, :, i],
-                            sfb_pairs[:, :, i], decode)
-        acc = np.where(inside, step, acc)
-    warps = acc.reshape(l, m, P // WARP, WARP)
-    lanes = np.arange(WARP)
-    for offset in (16, 8, 4, 2, 1):
-        warps = warps + warps[..., lanes ^ offset]
-    total = warps[..., 0, 0]
-    for w in range(1, P // WARP):
-        total = total + warps[..., w, 0]
-    total = total.T  # [M, L]
-    return total, total.astype(np.float16)
+    of the leaderboard tuple: `decode_models.chunked_kernel_model` (thread t accumulates chunks t, t + P, ...
+    inside the row; a butterfly per warp; the warps' sums added in order)."""
+    return chunked_kernel_model(data, threads_per_row, chunks_per_thread, decode)
 
 
 def plan_model(data, plan, decode: str) -> tuple[np.ndarray, np.ndarray]:
     """`whole_k_model` with the thread layout of a `whole_k.WholeKPlan`."""
     return whole_k_model(data, plan.threads_per_row, plan.chunks_per_thread, decode)
+
+
+def config_model(data, cfg, decode: str) -> tuple[np.ndarray, np.ndarray]:
+    """The model of the kernel that config ``cfg`` runs at the input's K (`gemv.CuteGemv.config_for`): a per-K
+    config (one with `whole_k.plan_for`'s plan) by its plan, the fast and tiled kernels, whose lanes walk a
+    row's chunks in the same order, by `decode_models.fast_kernel_model`."""
+    from nvfp4lib.cute.whole_k import WholeKConfig, plan_for
+
+    if isinstance(cfg, WholeKConfig):
+        return plan_model(data, plan_for(cfg, 2 * data[0].shape[1]), decode)
+    return fast_kernel_model(data, decode)
