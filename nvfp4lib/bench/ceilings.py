@@ -233,8 +233,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
     why; one that fails to build or run gives "skipped" rows too, noted "failed here: <the error>"
     (a ceiling that cannot be measured is no failure of the paths it bounds). The fastest read of
     each size and flush by leaderboard time has FASTEST_NOTE in its note. `reads` None: every read of
-    `READS`. Each row also has the median of its leaderboard times (leaderboard_median_us) beside their
-    mean (leaderboard_us, the leaderboard's figure)."""
+    `READS`."""
     reads = READS if reads is None else reads
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     say = log or (lambda line: None)
@@ -265,7 +264,6 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
             for flush in flushes:
                 timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps, flush=flush)
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
-                                     leaderboard_median_us=timings["leaderboard"].median_us,
                                      **timing_fields(timings, nbytes)))
         del buf
         where = "x".join(map(str, shape)) if shape is not None else f"{nbytes / 2**20:g} MiB"
