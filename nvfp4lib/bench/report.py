@@ -17,7 +17,7 @@ import csv
 import datetime
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Collection, Iterable, Sequence
 
 from nvfp4lib.bench.ceilings import READ_MEASURES, CeilingIndex, bandwidth_ceiling, best_reads, ceiling_index, read_rows
 from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, text_table, time_column
@@ -84,12 +84,14 @@ def _format_value(value) -> str:
     return str(value)
 
 
-def write_csv(rows: list[dict], path: Path | str) -> None:
+def write_csv(rows: list[dict], path: Path | str, columns: Sequence[str] = COLUMNS) -> None:
+    """`rows` as a CSV of `columns` (default the benchmark schema; other keys are left out), empty cells
+    for None, floats to 4 significant digits below 1 and to 2 decimals above."""
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: _format_value(row.get(c)) for c in COLUMNS})
+            writer.writerow({c: _format_value(row.get(c)) for c in columns})
 
 
 _INT_COLUMNS = {"m", "k", "l", "bytes", "kernel_reps", "leaderboard_reps", "host_visible_reps"}
@@ -97,23 +99,26 @@ _TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "flush"
                  "commit", *(f"env_{f}" for f in ENV_FIELDS)}
 
 
-def _parse(column: str, text: str):
+def _parse(column: str, text: str, int_columns: Collection[str], text_columns: Collection[str]):
     if text == "":
         return None
-    if column in _TEXT_COLUMNS:
+    if column in text_columns:
         return text
     if column == "quick":
         return text == "True"
     try:
-        return int(text) if column in _INT_COLUMNS else float(text)
+        return int(text) if column in int_columns else float(text)
     except ValueError:
         return text
 
 
-def load_results(path: Path | str) -> list[dict]:
-    """The rows of a suite CSV (`COLUMNS`) with numbers as numbers and empty cells as None."""
+def load_results(path: Path | str, *, int_columns: Collection[str] = _INT_COLUMNS,
+                 text_columns: Collection[str] = _TEXT_COLUMNS) -> list[dict]:
+    """The rows of a suite CSV (`COLUMNS`) with numbers as numbers and empty cells as None; a CSV of
+    another schema (`write_csv` with its columns) names its integer and its text columns, every other
+    column is read as a float where it is one."""
     with open(path, newline="") as f:
-        return [{c: _parse(c, v) for c, v in row.items()} for row in csv.DictReader(f)]
+        return [{c: _parse(c, v, int_columns, text_columns) for c, v in row.items()} for row in csv.DictReader(f)]
 
 
 PROFILE_SUFFIX = "_profile"  # results/<device>_profile.csv: Nsight Compute counters (bench.profile), another schema
