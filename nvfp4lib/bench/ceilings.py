@@ -44,6 +44,7 @@ TRITON_HINTS = {"plain": ("", ""), "evict-first": ("evict_first", ""), "cg": (""
 ``ld.global.L1::evict_first.L2::cache_hint`` under an L2 evict_first policy; "cg" to ``ld.global.cg``
 (cached in L2 only). ptxas refuses .cg together with evict_first."""
 FASTEST_NOTE = "fastest read here"
+READ_MEASURES = ("kernel", "leaderboard")  # the measures every read is timed by
 
 
 def read_buffer(nbytes: int, device) -> torch.Tensor:
@@ -291,7 +292,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                                   note=f"failed here: {describe_error(err, 160)}") for flush in flushes]
                 continue
             for flush in flushes:
-                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps, flush=flush)
+                timings = measure(call, READ_MEASURES, rule=rule, warmup=warmup, reps=reps, flush=flush)
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
                                      **timing_fields(timings, nbytes)))
         del buf
@@ -308,9 +309,6 @@ def read_rows(rows: Iterable[dict]) -> list[dict]:
     """The streaming reads (`read_ceilings` rows, or a benchmark CSV's) in `rows` that ran."""
     return [r for r in rows if r.get("kind") == "ceiling" and (r.get("path") or "").startswith("read-")
             and r.get("status") == "ok"]
-
-
-READ_MEASURES = ("kernel", "leaderboard")  # the measures every read is timed by
 
 
 def bandwidth_ceiling(rows: Iterable[dict], name: str) -> float | None:
@@ -340,10 +338,9 @@ class CeilingIndex:
 
     def best_reads(self, flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
         """{shape: the read row with the lowest <measure_name>_us at that shape and flush}: its ceiling."""
-        if flush not in FLUSHES:
-            raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
-        if measure_name not in READ_MEASURES:
-            raise ValueError(f"measure_name: expected one of {READ_MEASURES}, got {measure_name!r}")
+        if (flush, measure_name) not in self._best:
+            raise ValueError(f"flush, measure_name: expected one of {FLUSHES} and one of {READ_MEASURES}, "
+                             f"got {flush!r}, {measure_name!r}")
         return dict(self._best[flush, measure_name])
 
     def percent_of_read(self, row: dict, flush: str = "dirty") -> dict:

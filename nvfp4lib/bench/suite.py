@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
+from nvfp4lib.bench.ceilings import READ_MEASURES, CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_bound, measure, timing_fields
 from nvfp4lib.bench.peers import all_paths
 from nvfp4lib.bench.plots import declare_mode
@@ -254,13 +254,6 @@ class _Progress:
             self.bar.close()
 
 
-def _add_ceilings(row: dict, copy: float, reads: CeilingIndex) -> None:
-    """% of the copy bandwidth and % of the best streaming read of the row's bytes, per measure."""
-    for mode in ("kernel", "leaderboard"):
-        row[f"{mode}_pct_of_copy"] = percent(row[f"{mode}_gbps"], copy)
-    row.update(reads.percent_of_read(row))
-
-
 def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterable[str] | None = None,
         figures_dir: Path | str | None = None, figures: bool = True, seed: int = 0,
         progress: bool = True, verbose: bool = True) -> Path:
@@ -315,8 +308,9 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
                 context = dict(common, path=path.name, kind=path.kind, label=path.label, shape_set=shape_set,
                                m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape))
                 row = dict(context, **check_and_time(path, data, plan))
-                if row["status"] == "ok":
-                    _add_ceilings(row, copy, read_index)
+                if row["status"] == "ok":  # % of the copy's bandwidth and of the best read of the same bytes
+                    row.update({f"{m}_pct_of_copy": percent(row[f"{m}_gbps"], copy) for m in READ_MEASURES},
+                               **read_index.percent_of_read(row))
                     row["note"] = "; ".join(filter(None, [row["note"], cpu_note]))
                 else:
                     bar.write(f"{row['status'].upper()} {path.name} {shape_text(row)}: {row['note']}")
