@@ -118,7 +118,8 @@ class TritonRead:
             raise ValueError(f"hint: expected None or one of {tuple(TRITON_HINTS)}, got {hint!r}")
         self.hint, xor = hint, hint is not None
         self.name = f"triton-xor-{hint}" if xor else "triton"
-        self.label = "streaming read: Triton, 16-byte loads" + (f", int32 XOR, 4-8 KB per program, {hint}" if xor else "")
+        self.label = "streaming read: Triton, 16-byte loads" + (
+            f", int32 XOR, 4-8 KB per program, {hint}" if xor else "")
         self.launch_shapes = TRITON_SMALL_LAUNCH_SHAPES if xor else TRITON_LAUNCH_SHAPES
 
     def why_not(self, device: torch.device) -> str | None:

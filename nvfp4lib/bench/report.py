@@ -44,8 +44,8 @@ COLUMNS = (
 )
 """CSV columns; the timing ones are `harness.timing_fields`'s. kernel_us and host_visible_us are medians,
 leaderboard_us the mean (as the leaderboard reports it) with its std, standard error and median
-(leaderboard_median_us); host_us is the CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
-as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
+(leaderboard_median_us); host_us is the CPU time inside a call. *_pct_of_read: the best streaming read
+of the same bytes after the same flush, as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
 and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
 "read-<name>-clean" of nvfp4lib.bench.ceilings (timed like a path; flush "dirty" or "clean")."""
