@@ -118,6 +118,20 @@ def test_best_reads_and_percent_of_read(tmp_path):
     assert percent_of_read(dict(row, m=512), rows) == {}
     with pytest.raises(ValueError, match="flush"):
         best_reads(rows, "warm")
+    with pytest.raises(ValueError, match="measure_name"):
+        best_reads(rows, measure_name="host-visible")  # the reads are timed by kernel and leaderboard time only
+    index = ceilings.CeilingIndex(iter(rows))  # one pass over the rows: an iterator will do
+    assert index.has_reads and index.copy_gbps == 4000.0
+    for flush in ("dirty", "clean"):
+        assert percent_of_read(row, index, flush) == percent_of_read(row, rows, flush)
+        assert index.best_reads(flush, "kernel") == best_reads(rows, flush, "kernel")
+    # the ceiling of a row: the best read by kernel time after the row's flush, else the copy's bandwidth
+    assert bench_report.percent_of_ceiling(row, index) == pytest.approx(40.0)
+    assert bench_report.percent_of_ceiling(dict(row, flush="clean"), rows) == pytest.approx(32.0)
+    copy_only = ceilings.CeilingIndex(rows[-1:])
+    assert not copy_only.has_reads and copy_only.best_reads() == {}
+    assert bench_report.percent_of_ceiling(dict(row, bytes=10**8), copy_only) == pytest.approx(100.0)  # 4000 GB/s
+    assert bench_report.percent_of_ceiling(row, []) is None
 
 
 def test_gpu_reads_say_why_they_cannot_run_here():
@@ -185,8 +199,10 @@ def test_triton_read_compiles_to_16_byte_loads_for_hopper():
     _, kernel = ceilings._triton_read_kernel()
     for block, warps in ceilings.TRITON_LAUNCH_SHAPES:
         try:
-            signature = {"src": "*i32", "n_words": "i32", "sink": "*i32", "BLOCK": "constexpr"}
-            source = ASTSource(fn=kernel, signature=signature, constexprs={"BLOCK": block},
+            signature = {"src": "*i32", "n_words": "i32", "sink": "*i32", "BLOCK": "constexpr", "XOR": "constexpr",
+                         "EVICT": "constexpr", "CACHE": "constexpr"}
+            source = ASTSource(fn=kernel, signature=signature,
+                               constexprs={"BLOCK": block, "XOR": False, "EVICT": "", "CACHE": ""},
                                attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]})
         except TypeError as err:
             pytest.skip(f"this Triton ({triton.__version__}) describes kernels differently: {err}")
@@ -245,11 +261,29 @@ def test_xor_reads_are_registered_named_and_compete_for_the_ceiling():
         assert read.launch_shapes == ceilings.TRITON_SMALL_LAUNCH_SHAPES and read.hint in read.label
         assert read.why_not(torch.device("cpu")) == "needs a CUDA GPU"
     with pytest.raises(ValueError, match="hint"):
-        ceilings.TritonXorRead("evict-last")
+        ceilings.TritonRead("evict-last")
     shape = Shape(256, 1024, 2)
     rows = [_read(f"read-{name}", shape, 10.0 + i, 20.0 - i) for i, name in enumerate(names)]
+    assert best_reads(ceilings.CeilingIndex(rows)) == best_reads(rows)
     assert best_reads(rows)[shape]["path"] == f"read-{names[-1]}"  # the lowest leaderboard time wins
     assert best_reads(rows, measure_name="kernel")[shape]["path"] == "read-cute"
+
+
+def test_read_paths_and_labels_are_those_of_the_committed_results():
+    """The rows' path and label of every read, as results/*.csv and the notebooks hold them."""
+    labels = {f"read-{r.name}": r.label for r in ceilings.READS}
+    assert labels == {
+        "read-cute": "streaming read: CuTe StreamRead, 16-byte loads",
+        "read-triton": "streaming read: Triton, 16-byte loads",
+        "read-torch": "streaming read: torch.amax over int32",
+        **{f"read-triton-xor-{hint}": f"streaming read: Triton, 16-byte loads, int32 XOR, 4-8 KB per program, {hint}"
+           for hint in ("plain", "evict-first", "cg")}}
+    committed = {(r["path"], r["label"]) for r in bench_report.load_results(REPO_ROOT / "results" / "h200_per_k.csv")
+                 if r.get("kind") == "ceiling" and r["path"].startswith("read-")}
+    assert committed and {(path.removesuffix("-clean"), label.removesuffix(", after a clean flush"))
+                          for path, label in committed} <= set(labels.items())
+    triton = ceilings.TritonRead()
+    assert (triton.hint, triton.launch_shapes) == (None, ceilings.TRITON_LAUNCH_SHAPES)
 
 
 def test_small_launch_shapes_load_whole_vectors_in_4_or_8_kb_programs():
@@ -291,16 +325,16 @@ def test_xor_reads_compile_to_16_byte_loads_with_their_hints_for_hopper():
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    _, kernel = ceilings._triton_xor_read_kernel()
+    _, kernel = ceilings._triton_read_kernel()
     expected = {"plain": "ld.global.v4.b32", "evict-first": "ld.global.L1::evict_first.L2::cache_hint.v4.b32",
                 "cg": "ld.global.cg.v4.b32"}
     for hint, (evict, cache) in ceilings.TRITON_HINTS.items():
         for block, warps in ((1024, 1), (2048, 8)):
-            signature = {"src": "*i32", "n_words": "i32", "sink": "*i32", "BLOCK": "constexpr", "EVICT": "constexpr",
-                         "CACHE": "constexpr"}
+            signature = {"src": "*i32", "n_words": "i32", "sink": "*i32", "BLOCK": "constexpr", "XOR": "constexpr",
+                         "EVICT": "constexpr", "CACHE": "constexpr"}
             try:
                 source = ASTSource(fn=kernel, signature=signature,
-                                   constexprs={"BLOCK": block, "EVICT": evict, "CACHE": cache},
+                                   constexprs={"BLOCK": block, "XOR": True, "EVICT": evict, "CACHE": cache},
                                    attrs={(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]})
             except TypeError as err:
                 pytest.skip(f"this Triton ({triton.__version__}) describes kernels differently: {err}")

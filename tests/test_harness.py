@@ -118,6 +118,8 @@ def test_measure_and_the_csv_fields():
     assert fields["kernel_us"] == timings["kernel"].median_us
     assert fields["host_visible_us"] == timings["host-visible"].median_us
     assert fields["leaderboard_err_us"] == timings["leaderboard"].err_us and fields["kernel_reps"] == 5
+    assert fields["leaderboard_median_us"] == timings["leaderboard"].median_us, "every leaderboard-timed row"
+    assert "kernel_median_us" not in fields and "host_visible_median_us" not in fields
     with pytest.raises(ValueError, match="measures"):
         measure(lambda: None, ("kernel", "wallclock"))
 

@@ -1,10 +1,15 @@
 """make profile's Nsight Compute reader on a hand-written sample of ncu's CSV (the details page: one line
 per launch and metric), the join with what the child launched, the CSV round trip, and the skip path."""
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from nvfp4lib.bench import profile
+from nvfp4lib.locations import REPO_ROOT
+from nvfp4lib.problem import Shape
 
 HEADER = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size",'
           '"Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"')
@@ -95,3 +100,86 @@ def test_without_a_gpu_nothing_is_profiled(capsys, tmp_path):
     assert profile.NOTHING in capsys.readouterr().out and not (tmp_path / "p.csv").exists()
     assert profile.main(["--dry-run"]) == 0
     assert "--clock-control none" in capsys.readouterr().out
+
+
+def test_the_help_names_the_module_to_run(capsys):
+    with pytest.raises(SystemExit):
+        profile.main(["--help"])
+    assert capsys.readouterr().out.startswith("usage: python -m nvfp4lib.bench.profile")
+
+
+def test_the_committed_profile_loads_with_its_columns_and_round_trips(tmp_path):
+    rows = profile.load_profile(REPO_ROOT / "results" / "h200_profile.csv")
+    assert rows and all(tuple(r) == profile.COLUMNS for r in rows)
+    assert all(isinstance(r[c], int) for r in rows for c in ("m", "k", "l"))
+    assert all(isinstance(r["config"], str) and isinstance(r["commit"], str) for r in rows)
+    assert {r["config"] for r in rows} >= set(profile.PROGRESSION)
+    assert all(profile.where_time_goes(r) for r in rows)
+    profile.write_profile(rows, tmp_path / "again" / "h200_profile.csv")  # the folder is made
+    again = profile.load_profile(tmp_path / "again" / "h200_profile.csv")
+    for before, after in zip(rows, again, strict=True):
+        for column in profile.COLUMNS:
+            if isinstance(before[column], float):
+                assert after[column] == pytest.approx(before[column], rel=1e-3), column
+            else:
+                assert after[column] == before[column], column
+
+
+def test_find_profile_prefers_this_device_then_a_committed_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(profile, "RESULTS_DIR", tmp_path)
+    assert profile.find_profile("b200") is None
+    (tmp_path / "h200_profile.csv").write_text("x")
+    (tmp_path / "h200.csv").write_text("x")  # the benchmark CSV: not a profile
+    assert profile.find_profile("b200") == tmp_path / "h200_profile.csv"
+    (tmp_path / "b200_profile.csv").write_text("x")
+    assert profile.find_profile("b200") == tmp_path / "b200_profile.csv"
+    assert profile.output_path(None, "b200") == tmp_path / "b200_profile.csv"
+    assert profile.output_path("elsewhere.csv") == Path("elsewhere.csv")
+
+
+class _FakeRunner:
+    """A kernel as cute_bench.variants yields it, recording what the child does with it."""
+    cfg = None  # no per-K config: never refused
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def prepare(self, data):
+        self.calls.append(("prepare", self.name))
+
+    def __call__(self, data):
+        if self.name == "cute_broken":
+            raise RuntimeError("launch failed")
+        self.calls.append(("call", self.name))
+
+
+def test_the_child_builds_kernels_as_cute_bench_does_and_calls_each_once(tmp_path, monkeypatch):
+    """Without a GPU, with cute_bench.variants and the input stood in for: one manifest line per config and
+    shape, named as variants names them; a kernel that fails to build or to run is noted, the others go on."""
+    from nvfp4lib import problem
+    from nvfp4lib.bench import cute_bench
+
+    calls = []
+
+    def variants(configs):
+        yield "cute_naive", _FakeRunner("cute_naive", calls)
+        for text in configs:
+            if text == "unbuildable":
+                raise ValueError("cannot compile")
+            name = "cute_fast" if text == "default" else f"cute_{text}"
+            yield name, _FakeRunner(name, calls)
+
+    monkeypatch.setattr(cute_bench, "variants", variants)
+    monkeypatch.setattr(problem, "generate_input", lambda *shape, **kwargs: shape)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    manifest = tmp_path / "manifest.jsonl"
+    shapes = [Shape(128, 256, 1), Shape(256, 512, 2)]
+    assert profile.run_child(["naive", "default", "broken", "unbuildable"], shapes, str(manifest)) == 0
+    entries = [json.loads(line) for line in manifest.read_text().splitlines()]
+    assert [(e["config"], e["kernel"], e["status"], e["m"]) for e in entries] == [
+        (config, kernel, status, s.m) for s in shapes for config, kernel, status in (
+            ("naive", "cute_naive", "ok"), ("default", "cute_fast", "ok"), ("broken", "cute_broken", "error"),
+            ("unbuildable", None, "error"))]
+    assert entries[2]["note"] == "RuntimeError: launch failed" and entries[3]["note"] == "ValueError: cannot compile"
+    assert calls[:4] == [("prepare", "cute_naive"), ("call", "cute_naive"), ("prepare", "cute_fast"),
+                         ("call", "cute_fast")]

@@ -322,6 +322,29 @@ def test_summary_and_figures_hold_paths_against_the_best_read():
             plt.close(fig)
 
 
+def test_a_summary_table_finds_its_ceilings_once(monkeypatch):
+    """Every row of a table is held against the same ceilings: they are indexed once per table, whatever
+    the number of rows, and the index gives what the rows themselves give."""
+    from nvfp4lib.bench import ceilings
+
+    rows = _synthetic_rows(reads=True)
+    index = ceilings.CeilingIndex(rows)
+    timed = [r for r in rows if r["kind"] != "ceiling" and r["status"] == "ok"]
+    assert [bench_report.percent_of_ceiling(r, index) for r in timed] == \
+        [bench_report.percent_of_ceiling(r, rows) for r in timed]
+    built = []
+    original = ceilings.CeilingIndex.__init__
+
+    def counted(self, given):
+        built.append(self)
+        original(self, given)
+
+    monkeypatch.setattr(ceilings.CeilingIndex, "__init__", counted)
+    bench_report.summary_table(rows)
+    bench_report.summary_table(rows + timed)  # more rows, still one index
+    assert len(built) == 2
+
+
 @pytest.mark.parametrize("path", bench_report.committed_results(), ids=lambda p: p.name)
 def test_committed_results_load_and_draw(path):
     rows = bench_report.load_results(path)

@@ -7,7 +7,7 @@ A ceiling is the best of several independent reads of a buffer of exactly the sh
 * "cute": `StreamRead` (a CuTe DSL kernel), 16-byte loads, 4 independent ones per thread, in address order;
 * "triton": a Triton kernel with 16-byte loads, the best of `TRITON_LAUNCH_SHAPES` for each buffer;
 * "torch": PyTorch's own reduction, `torch.amax` over an int32 view of the buffer (no copy);
-* "triton-xor-<hint>": `TritonXorRead`, the fastest independent read's form (int32 XOR, one 4-8 KB block
+* "triton-xor-<hint>": `TritonRead(hint)`, the fastest independent read's form (int32 XOR, one 4-8 KB block
   per program, the best of `TRITON_SMALL_LAUNCH_SHAPES`), with no hint, ``evict_first`` or ``.cg``.
 
 Each read is timed with kernel time and leaderboard time (nvfp4lib.bench.harness.measure; leaderboard time
@@ -27,7 +27,7 @@ import torch
 from nvfp4lib.bench import triton_gemv
 from nvfp4lib.bench.harness import measure, timing_fields
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
-                                   gbps, text_table, time_column, time_kernel)
+                                   gbps, percent, text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import NO_CUDA, capabilities, missing
 from nvfp4lib.messages import describe_error
@@ -35,8 +35,16 @@ from nvfp4lib.problem import bytes_moved
 
 READ_GROUP_BYTES = 64  # buffers are whole groups of 16 int32 words: every read sees the same bytes
 TRITON_LAUNCH_SHAPES = tuple((block, warps) for block in (2048, 4096, 8192, 16384) for warps in (4, 8, 16))
-"""(int32 words per program, warps per program) tried for the Triton read of each buffer."""
+"""(int32 words per program, warps per program) tried for the Triton read "triton" of each buffer."""
+TRITON_SMALL_LAUNCH_SHAPES = tuple((block, warps) for block in (1024, 2048) for warps in (1, 2, 4, 8))
+"""(int32 words per program, warps per program): one 4 KB or 8 KB block per program, 1 to 16 loads of
+16 bytes per thread, tried for each XOR read ("triton-xor-<hint>")."""
+TRITON_HINTS = {"plain": ("", ""), "evict-first": ("evict_first", ""), "cg": ("", ".cg")}
+"""A hint's name -> (tl.load eviction_policy, cache_modifier). "evict-first" compiles to
+``ld.global.L1::evict_first.L2::cache_hint`` under an L2 evict_first policy; "cg" to ``ld.global.cg``
+(cached in L2 only). ptxas refuses .cg together with evict_first."""
 FASTEST_NOTE = "fastest read here"
+READ_MEASURES = ("kernel", "leaderboard")  # the measures every read is timed by
 
 
 def read_buffer(nbytes: int, device) -> torch.Tensor:
@@ -76,25 +84,43 @@ class TorchRead:
 
 @functools.cache
 def _triton_read_kernel():
-    """The Triton read, compiled on first launch: a program sums BLOCK int32 words (16-byte
-    loads: the buffer and the word count are multiples of 16 bytes and 16 words) and stores the
-    sum only if it equals a value no buffer of ours gives."""
+    """The Triton read, compiled on first launch: a program folds BLOCK int32 words (16-byte loads: the
+    buffer and the word count are multiples of 16 bytes and 16 words; eviction policy EVICT and cache
+    modifier CACHE, a hint of `TRITON_HINTS`) by a sum, or by an XOR with XOR set, and stores the result
+    only if it equals a value no buffer of ours gives, so the loads cannot be removed."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def read_words(src, n_words, sink, BLOCK: tl.constexpr):
+    def read_words(src, n_words, sink, BLOCK: tl.constexpr, XOR: tl.constexpr, EVICT: tl.constexpr,
+                   CACHE: tl.constexpr):
         offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        total = tl.sum(tl.load(src + offsets, mask=offsets < n_words, other=0), axis=0)
-        if total == 0x5EEDF00D:  # no buffer of ours sums to this: the loads cannot be removed
+        words = tl.load(src + offsets, mask=offsets < n_words, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
+        if XOR:
+            total = tl.xor_sum(words, axis=0)
+        else:
+            total = tl.sum(words, axis=0)
+        if total == 0x5EEDF00D:  # the magic word: no buffer of ours folds to it
             tl.store(sink, total)
 
     return triton, read_words
 
 
 class TritonRead:
-    name, label = "triton", "streaming read: Triton, 16-byte loads"
-    launch_shapes = TRITON_LAUNCH_SHAPES
+    """A Triton read, the best of its launch shapes per buffer. Without a hint, "triton": a sum over
+    2048-16384 words (8-64 KB) per program (`TRITON_LAUNCH_SHAPES`), no cache hint. With a hint of
+    `TRITON_HINTS`, "triton-xor-<hint>": the fastest independent read's form, an int32 XOR over one 4-8 KB
+    block per program (`TRITON_SMALL_LAUNCH_SHAPES`) under that hint; these isolate what the launch
+    shapes and the hints are worth (docs/cute_kernel_notes.md, "The ceiling")."""
+
+    def __init__(self, hint: str | None = None):
+        if hint is not None and hint not in TRITON_HINTS:
+            raise ValueError(f"hint: expected None or one of {tuple(TRITON_HINTS)}, got {hint!r}")
+        self.hint, xor = hint, hint is not None
+        self.name = f"triton-xor-{hint}" if xor else "triton"
+        self.label = "streaming read: Triton, 16-byte loads" + (
+            f", int32 XOR, 4-8 KB per program, {hint}" if xor else "")
+        self.launch_shapes = TRITON_SMALL_LAUNCH_SHAPES if xor else TRITON_LAUNCH_SHAPES
 
     def why_not(self, device: torch.device) -> str | None:
         return _needs_cuda(device) or triton_gemv.why_unavailable()
@@ -102,11 +128,13 @@ class TritonRead:
     def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
         """The read of `buf` with one launch shape."""
         triton, kernel = _triton_read_kernel()
+        xor, (evict, cache) = self.hint is not None, TRITON_HINTS[self.hint or "plain"]
         words = buf.view(torch.int32)
         sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
         grid = (triton.cdiv(words.numel(), block),)
-        return BoundRead(lambda: kernel[grid](words, words.numel(), sink, BLOCK=block, num_warps=warps),
-                         f"BLOCK={block} words, num_warps={warps}", sink)
+        return BoundRead(lambda: kernel[grid](words, words.numel(), sink, BLOCK=block, XOR=xor, EVICT=evict,
+                                              CACHE=cache, num_warps=warps),
+                         f"BLOCK={block} words, num_warps={warps}" + (f", {self.hint}" if xor else ""), sink)
 
     def bind(self, buf: torch.Tensor, tune_reps: int) -> BoundRead:
         """The launch shape with the best kernel time on this buffer."""
@@ -116,6 +144,9 @@ class TritonRead:
             timed[block, warps] = (time_kernel(bound.call, warmup=2, reps=tune_reps).median_us, bound)
         _, best = min(timed.values(), key=lambda item: item[0])
         return best._replace(note=f"{best.note} (best of {len(timed)} launch shapes)")
+
+
+TRITON_XOR_READS = tuple(TritonRead(hint) for hint in TRITON_HINTS)
 
 
 def compile_stream_read(arch: str | None = None, options: str = ""):
@@ -194,7 +225,7 @@ class CuteRead:
                          reader.sink)
 
 
-READS = (CuteRead(), TritonRead(), TorchRead())
+READS = (CuteRead(), TritonRead(), TorchRead(), *TRITON_XOR_READS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +264,7 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
     why; one that fails to build or run gives "skipped" rows too, noted "failed here: <the error>"
     (a ceiling that cannot be measured is no failure of the paths it bounds). The fastest read of
     each size and flush by leaderboard time has FASTEST_NOTE in its note. `reads` None: every read of
-    `READS`. Each row also has the median of its leaderboard times (leaderboard_median_us) beside their
-    mean (leaderboard_us, the leaderboard's figure)."""
+    `READS`."""
     reads = READS if reads is None else reads
     dev = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
     say = log or (lambda line: None)
@@ -263,9 +293,8 @@ def read_ceilings(tasks: Iterable[tuple[str, Shape]], *, clean: bool = True, lar
                                   note=f"failed here: {describe_error(err, 160)}") for flush in flushes]
                 continue
             for flush in flushes:
-                timings = measure(call, ("kernel", "leaderboard"), rule=rule, warmup=warmup, reps=reps, flush=flush)
+                timings = measure(call, READ_MEASURES, rule=rule, warmup=warmup, reps=reps, flush=flush)
                 measured.append(_row(read, shape_set, shape, nbytes, flush, status="ok", note=note,
-                                     leaderboard_median_us=timings["leaderboard"].median_us,
                                      **timing_fields(timings, nbytes)))
         del buf
         where = "x".join(map(str, shape)) if shape is not None else f"{nbytes / 2**20:g} MiB"
@@ -283,35 +312,74 @@ def read_rows(rows: Iterable[dict]) -> list[dict]:
             and r.get("status") == "ok"]
 
 
-def best_reads(rows: Iterable[dict], flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
-    """{shape: the read row with the lowest <measure_name>_us at that shape and flush} from
-    `read_ceilings` rows (or a benchmark CSV's rows): the ceiling of that shape."""
-    if flush not in FLUSHES:
-        raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
-    key = time_column(measure_name)
-    best: dict[Shape, dict] = {}
-    for r in read_rows(rows):
-        if r.get("m") is None or r["path"].endswith("-clean") != (flush == "clean"):
-            continue
-        shape = Shape(r["m"], r["k"], r["l"])
-        if shape not in best or r[key] < best[shape][key]:
-            best[shape] = r
-    return best
+def bandwidth_ceiling(rows: Iterable[dict], name: str) -> float | None:
+    """The GB/s of the suite's 2 GiB ceiling row `name` ("copy" or "reduction") in `rows`; None without it."""
+    return next((r["kernel_gbps"] for r in rows if r.get("path") == name and r.get("kind") == "ceiling"), None)
 
 
-def percent_of_read(row: dict, reads: Iterable[dict], flush: str = "dirty") -> dict:
-    """{"kernel_pct_of_read", "leaderboard_pct_of_read"}: the best read of the row's shape after
-    `flush`, by each measure, as a percentage of the row's time by that measure (100 % = as fast as
-    reading its bytes can be). Measures without a read or a time are left out."""
-    reads = list(reads)
-    shape = Shape(row["m"], row["k"], row["l"])
-    fields = {}
-    for name in ("kernel", "leaderboard"):
-        best = best_reads(reads, flush, name).get(shape)
-        us = row.get(time_column(name))
-        if best is not None and us:
-            fields[time_column(name, "pct_of_read")] = 100.0 * best[time_column(name)] / us
-    return fields
+class CeilingIndex:
+    """The ceilings in some rows (`read_ceilings`', a benchmark CSV's), found in one pass over them: the best
+    read of each shape after each flush by each of `READ_MEASURES`, and the copy bandwidth (the ceiling
+    of results without reads). A table holds every row against the same ceilings: it indexes them once."""
+
+    def __init__(self, rows: Iterable[dict]):
+        rows = list(rows)
+        self.copy_gbps = bandwidth_ceiling(rows, "copy")
+        self.has_reads = False
+        self._best: dict[tuple[str, str], dict[Shape, dict]] = {(f, m): {} for f in FLUSHES for m in READ_MEASURES}
+        for r in read_rows(rows):
+            self.has_reads = True
+            if r.get("m") is None:  # the large buffer: no shape's ceiling
+                continue
+            shape = Shape(r["m"], r["k"], r["l"])
+            for name in READ_MEASURES:
+                key, best = time_column(name), self._best["clean" if r["path"].endswith("-clean") else "dirty", name]
+                if r.get(key) is not None and (shape not in best or r[key] < best[shape][key]):
+                    best[shape] = r
+
+    def best_reads(self, flush: str = "dirty", measure_name: str = "leaderboard") -> dict[Shape, dict]:
+        """{shape: the read row with the lowest <measure_name>_us at that shape and flush}: its ceiling."""
+        if (flush, measure_name) not in self._best:
+            raise ValueError(f"flush, measure_name: expected one of {FLUSHES} and one of {READ_MEASURES}, "
+                             f"got {flush!r}, {measure_name!r}")
+        return dict(self._best[flush, measure_name])
+
+    def percent_of_read(self, row: dict, flush: str = "dirty") -> dict:
+        """{"kernel_pct_of_read", "leaderboard_pct_of_read"}: the best read of the row's shape after
+        `flush`, by each measure, as a percentage of the row's time by that measure (100 % = as fast as
+        reading its bytes can be). Measures without a read or a time are left out."""
+        shape = Shape(row["m"], row["k"], row["l"])
+        fields = {}
+        for name in READ_MEASURES:
+            best, us = self.best_reads(flush, name).get(shape), row.get(time_column(name))
+            if best is not None and us:
+                fields[time_column(name, "pct_of_read")] = 100.0 * best[time_column(name)] / us
+        return fields
+
+    def percent_of_ceiling(self, row: dict) -> float | None:
+        """A row's kernel time against its ceiling: with reads, `percent_of_read` after the row's flush;
+        without, the row's bandwidth as a percentage of the copy's. None where neither exists."""
+        if self.has_reads:
+            return self.percent_of_read(row, row.get("flush") or "dirty").get("kernel_pct_of_read")
+        if self.copy_gbps and row.get("kernel_us"):
+            return percent(gbps(row["bytes"], row["kernel_us"]), self.copy_gbps)
+        return None
+
+
+def ceiling_index(rows: Iterable[dict] | CeilingIndex) -> CeilingIndex:
+    """`rows` as a `CeilingIndex` (an index as it is): what the functions below take either of."""
+    return rows if isinstance(rows, CeilingIndex) else CeilingIndex(rows)
+
+
+def best_reads(rows: Iterable[dict] | CeilingIndex, flush: str = "dirty",
+               measure_name: str = "leaderboard") -> dict[Shape, dict]:
+    """`CeilingIndex.best_reads` of `rows` (or of their index)."""
+    return ceiling_index(rows).best_reads(flush, measure_name)
+
+
+def percent_of_read(row: dict, reads: Iterable[dict] | CeilingIndex, flush: str = "dirty") -> dict:
+    """`CeilingIndex.percent_of_read` of `reads` (pass their index when calling this for many rows)."""
+    return ceiling_index(reads).percent_of_read(row, flush)
 
 
 def large_read(rows: Iterable[dict]) -> dict | None:
@@ -348,7 +416,8 @@ def floors(rows: Iterable[dict]) -> list[Floor]:
     if large is None:
         return []
     bandwidth = gbps(large["bytes"], large["kernel_us"])
-    dirty, clean = best_reads(rows, "dirty", "kernel"), best_reads(rows, "clean", "kernel")
+    index = CeilingIndex(rows)
+    dirty, clean = index.best_reads("dirty", "kernel"), index.best_reads("clean", "kernel")
     return [Floor(s, dirty[s]["bytes"], dirty[s], clean[s], dirty[s]["bytes"] / bandwidth / 1e3)
             for s in dirty if s in clean]
 
@@ -391,63 +460,3 @@ def _median_text(row: dict) -> str:
     median = row.get("leaderboard_median_us")
     return "-" if median is None else f"{median:.2f}"
 
-
-# ---------------------------------------------------------------------------------------------
-# Triton reads as the fastest independent read is written: int32 XOR, one small block per program,
-# cache hints. `TritonRead` above sums 8-64 KB per program with no hint; these isolate what its
-# launch shapes and the hints are worth (docs/cute_kernel_notes.md, "The ceiling").
-
-TRITON_SMALL_LAUNCH_SHAPES = tuple((block, warps) for block in (1024, 2048) for warps in (1, 2, 4, 8))
-"""(int32 words per program, warps per program): one 4 KB or 8 KB block per program, 1 to 16 loads of
-16 bytes per thread, tried for each `TritonXorRead`."""
-
-TRITON_HINTS = {"plain": ("", ""), "evict-first": ("evict_first", ""), "cg": ("", ".cg")}
-"""A hint's name -> (tl.load eviction_policy, cache_modifier). "evict-first" compiles to
-``ld.global.L1::evict_first.L2::cache_hint`` under an L2 evict_first policy; "cg" to ``ld.global.cg``
-(cached in L2 only). ptxas refuses .cg together with evict_first."""
-
-
-@functools.cache
-def _triton_xor_read_kernel():
-    """A program XORs BLOCK int32 words (16-byte loads, the hint's eviction policy and cache modifier)
-    and stores the result only if it equals a value no buffer of ours gives."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def xor_words(src, n_words, sink, BLOCK: tl.constexpr, EVICT: tl.constexpr, CACHE: tl.constexpr):
-        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        words = tl.load(src + offsets, mask=offsets < n_words, other=0, cache_modifier=CACHE, eviction_policy=EVICT)
-        total = tl.xor_sum(words, axis=0)
-        if total == 0x5EEDF00D:  # the magic word: no buffer of ours XORs to it, so the loads stay
-            tl.store(sink, total)
-
-    return triton, xor_words
-
-
-class TritonXorRead(TritonRead):
-    """The Triton read of the fastest independent read: int32 XOR, one 4-8 KB block per program
-    (`TRITON_SMALL_LAUNCH_SHAPES`), a cache hint of `TRITON_HINTS`; the best launch shape per buffer."""
-
-    launch_shapes = TRITON_SMALL_LAUNCH_SHAPES
-
-    def __init__(self, hint: str):
-        if hint not in TRITON_HINTS:
-            raise ValueError(f"hint: expected one of {tuple(TRITON_HINTS)}, got {hint!r}")
-        self.hint = hint
-        self.name = f"triton-xor-{hint}"
-        self.label = f"streaming read: Triton, 16-byte loads, int32 XOR, 4-8 KB per program, {hint}"
-
-    def launch(self, buf: torch.Tensor, block: int, warps: int) -> BoundRead:
-        triton, kernel = _triton_xor_read_kernel()
-        evict, cache = TRITON_HINTS[self.hint]
-        words = buf.view(torch.int32)
-        sink = torch.zeros(1, dtype=torch.int32, device=buf.device)
-        grid = (triton.cdiv(words.numel(), block),)
-        return BoundRead(lambda: kernel[grid](words, words.numel(), sink, BLOCK=block, EVICT=evict, CACHE=cache,
-                                              num_warps=warps),
-                         f"BLOCK={block} words, num_warps={warps}, {self.hint}", sink)
-
-
-TRITON_XOR_READS = tuple(TritonXorRead(hint) for hint in TRITON_HINTS)
-READS = READS + TRITON_XOR_READS

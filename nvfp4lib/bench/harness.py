@@ -86,7 +86,8 @@ def timing_fields(timings: dict[str, Timing], nbytes: int | None = None) -> dict
     """The benchmark CSV's columns of these timings (`timing.time_column`): <measure>_us, the time per
     call its statistic gives (`timing.per_call_us`: the mean of leaderboard time, as the leaderboard
     reports it; the median of kernel and host-visible time), _p10_us, _p90_us, _reps, and with `nbytes`
-    _gbps; leaderboard time also its _std_us and _err_us; host_us from host-visible time."""
+    _gbps; leaderboard time also its _std_us, _err_us and _median_us (beside the mean, which one slow
+    call can move); host_us from host-visible time."""
     fields = {}
     for name, t in timings.items():
         us = per_call_us(t, name)
@@ -95,7 +96,7 @@ def timing_fields(timings: dict[str, Timing], nbytes: int | None = None) -> dict
         if nbytes is not None:
             fields[time_column(name, "gbps")] = gbps(nbytes, us)
         if name == "leaderboard":
-            fields.update(leaderboard_std_us=t.std_us, leaderboard_err_us=t.err_us)
+            fields.update(leaderboard_std_us=t.std_us, leaderboard_err_us=t.err_us, leaderboard_median_us=t.median_us)
         if name == "host-visible":
             fields["host_us"] = t.host_us
     return fields

@@ -13,15 +13,14 @@ nothing of a flush (the leaderboard's dirty write-back is measured by the timing
 Columns: DRAM bytes read and written, DRAM throughput (% of peak), L2 hit rate, L2 write-back bytes
 (DRAM writes), achieved occupancy, issue-slot utilisation, warp instructions executed x 32 per 16-byte
 chunk of A (comparable with the static SASS counts per chunk of docs/cute_kernel_notes.md), and the three
-largest warp stall reasons with their share of all stalls. `load_profile` reads the CSV back and
-`where_time_goes` says in one line what a row shows.
+largest warp stall reasons with their share of all stalls. `find_profile` finds the CSV for a notebook,
+`load_profile` reads it back and `where_time_goes` says in one line what a row shows.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import datetime
 import json
 import os
 import shutil
@@ -30,12 +29,16 @@ import sys
 import tempfile
 from pathlib import Path
 
+from nvfp4lib.bench.report import PROFILE_SUFFIX, context_fields, device_slug, load_results, write_csv
+from nvfp4lib.device import capabilities
+from nvfp4lib.locations import RESULTS_DIR
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape
 
 PROGRESSION = ("naive", "1x4x1-bitops", "1x4x2-bitops", "4x4x2x4-bitops", "4x4x2x4-perm-bitops", "4x4x2x4-lut",
                "4x4x2x4-lut-reg", "8x4x1x4-lut-reg", "t32x8x2-reg", "default", "4x4x2x4-lut-reg-pf1", "4x4x2x4-loads",
                "t32x8x2-loads")
-"""Notebook 04's progression (its STEPS), as `cute_bench.parse_config` takes them."""
+"""Notebook 04's progression (its STEPS, imported from here), as `cute_bench.variants` takes them
+("naive" first: the naive kernel)."""
 PER_K = ("w2x4x1", "w1x4x1", "w2x8x1", "w2x2x1", "w2x4x1-bitops", "w2x4x1-loads")
 """The per-K kernels (nvfp4lib.cute.whole_k) docs/cute_kernel_notes.md predicts."""
 CONFIGS = PROGRESSION + PER_K
@@ -57,6 +60,8 @@ COLUMNS = ("config", "kernel", "m", "k", "l", "status", "note", "duration_us", "
            "dram_pct_of_peak", "l2_hit_pct", "l2_writeback_bytes", "occupancy_pct", "issue_active_pct",
            "warp_instructions", "inst_per_chunk", "stall_1", "stall_1_share", "stall_2", "stall_2_share", "stall_3",
            "stall_3_share", "device", "date", "commit")
+INT_COLUMNS = ("m", "k", "l")
+TEXT_COLUMNS = ("config", "kernel", "status", "note", "stall_1", "stall_2", "stall_3", "device", "date", "commit")
 UNITS = {"byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
          "nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3, "second": 1e6, "s": 1e6}
 """Metric units -> the factor to the CSV's (bytes, microseconds); other units (%, inst, ratio) stay as they are."""
@@ -141,23 +146,14 @@ def join(manifest: list[dict], launches: list[dict]) -> list[dict]:
 
 def load_profile(path) -> list[dict]:
     """The rows of a profile CSV, numbers as numbers (m, k, l as int), empty cells as None."""
-    ints = {"m", "k", "l"}
-    text_columns = {"config", "kernel", "status", "note", "stall_1", "stall_2", "stall_3", "device", "date", "commit"}
-    rows = []
-    with open(path, newline="") as f:
-        for raw in csv.DictReader(f):
-            row = {}
-            for key, value in raw.items():
-                if value in ("", None):
-                    row[key] = None
-                elif key in ints:
-                    row[key] = int(float(value))
-                elif key in text_columns:
-                    row[key] = value
-                else:
-                    row[key] = float(value)
-            rows.append(row)
-    return rows
+    return load_results(path, int_columns=INT_COLUMNS, text_columns=TEXT_COLUMNS)
+
+
+def find_profile(slug: str | None = None) -> Path | None:
+    """The profile for a notebook: this device's `make profile` output (`output_path`), else a committed
+    results/*_profile.csv; None if there is none."""
+    candidates = [output_path(None, slug), *sorted(RESULTS_DIR.glob(f"*{PROFILE_SUFFIX}.csv"))]
+    return next((p for p in candidates if p.is_file()), None)
 
 
 def where_time_goes(row: dict) -> str:
@@ -184,31 +180,30 @@ def where_time_goes(row: dict) -> str:
 
 
 def run_child(configs, shapes, manifest_path: str) -> int:
-    """Call every config once at every shape (compiling first, outside any other launch), appending one
-    JSON line per call to the manifest; refused or failing calls are noted and launch nothing."""
+    """Call every config once at every shape (its kernel built by `cute_bench.variants` first, outside any
+    other launch), appending one JSON line per call to the manifest; refused or failing calls are noted
+    and launch nothing."""
     import torch
 
-    from nvfp4lib.bench.cute_bench import refusal, kernel_name, parse_config
-    from nvfp4lib.cute.gemv import CuteGemv
+    from nvfp4lib.bench.cute_bench import refusal, variants
     from nvfp4lib.problem import generate_input
 
-    runners = {}
+    kernels = {}  # config text -> (kernel name, CuteGemv)
     with open(manifest_path, "a") as manifest:
         for shape in shapes:
             data = generate_input(*shape, seed=1, mode="full", device="cuda")
             torch.cuda.synchronize()
             for text in configs:
-                variant = "naive" if text == "naive" else "fast"
-                cfg = None if text in ("naive", "default") else parse_config(text)
-                entry = dict(config=text, kernel=kernel_name(variant, cfg), m=shape.m, k=shape.k, l=shape.l,
-                             status="ok", note="")
+                entry = dict(config=text, kernel=None, m=shape.m, k=shape.k, l=shape.l, status="ok", note="")
                 try:
-                    runner = runners.get(text) or runners.setdefault(text, CuteGemv(variant, cfg))
+                    if text not in kernels:  # variants yields the naive kernel first, then the config's
+                        *_, kernels[text] = variants([] if text == "naive" else [text])
+                    entry["kernel"], runner = kernels[text]
                     refused = refusal(runner, data)
                     if refused:
                         entry.update(status="refused", note=refused)
                     else:
-                        runner._prepare(data)  # validation and the per-K compile happen here, launching nothing
+                        runner.prepare(data)  # validation and the per-K compile happen here, launching nothing
                         runner(data)
                         torch.cuda.synchronize()
                 except Exception as err:  # noqa: BLE001 - one failing kernel does not stop the others
@@ -240,21 +235,15 @@ def why_not() -> str | None:
     return None
 
 
-def output_path(out: str | None) -> Path:
-    from nvfp4lib.bench.report import PROFILE_SUFFIX, device_slug
-    from nvfp4lib.locations import RESULTS_DIR
-
-    return Path(out) if out else RESULTS_DIR / f"{device_slug()}{PROFILE_SUFFIX}.csv"
+def output_path(out: str | None, slug: str | None = None) -> Path:
+    """`out`, else results/<device>_profile.csv for this device (or the device `slug`)."""
+    return Path(out) if out else RESULTS_DIR / f"{slug or device_slug()}{PROFILE_SUFFIX}.csv"
 
 
 def write_profile(rows: list[dict], path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for row in rows:
-            writer.writerow({c: "" if row.get(c) is None else row.get(c) for c in COLUMNS})
+    """`rows` as a profile CSV (`COLUMNS`), its folder made if need be."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    write_csv(rows, path, COLUMNS)
 
 
 def _shape(text: str) -> Shape:
@@ -262,7 +251,7 @@ def _shape(text: str) -> Shape:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.profile", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), help="cute_bench configs, 'naive', 'default'")
     parser.add_argument("--shapes", nargs="+", type=_shape, default=list(BENCHMARK_SHAPES), help="MxKxL")
     parser.add_argument("--out", help="the CSV to write (default results/<device>_profile.csv)")
@@ -272,11 +261,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.child:
         return run_child(args.configs, args.shapes, args.manifest)
-    shapes = " ".join(f"{s.m}x{s.k}x{s.l}" for s in args.shapes)
+    shapes = [f"{s.m}x{s.k}x{s.l}" for s in args.shapes]
     with tempfile.TemporaryDirectory() as tmp:
         manifest_path = os.path.join(tmp, "manifest.jsonl")
         child = [sys.executable, "-m", "nvfp4lib.bench.profile", "--child", "--manifest", manifest_path,
-                 "--configs", *args.configs, "--shapes", *shapes.split()]
+                 "--configs", *args.configs, "--shapes", *shapes]
         command = ncu_command(os.environ.get("NCU") or shutil.which("ncu") or "ncu", child)
         if args.dry_run:
             print(" ".join(command))
@@ -293,11 +282,9 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"ncu gave no counters (exit {done.returncode}): {err}\n{done.stderr[-2000:]}")
             return 1
-    from nvfp4lib.bench.report import device_slug
-    from nvfp4lib.locations import checkout_commit
-
-    context = {"device": device_slug(), "date": datetime.date.today().isoformat(), "commit": checkout_commit()}
-    rows = [dict(row, **context) for row in join(manifest, launches)]
+    context = context_fields(capabilities(), quick=False)  # the benchmark CSV's; this schema keeps three
+    rows = [dict(row, device=context["device_slug"], date=context["date"], commit=context["commit"])
+            for row in join(manifest, launches)]
     if len([e for e in manifest if e["status"] == "ok"]) != len(launches):
         print(f"warning: {len(launches)} profiled launches for {len(manifest)} calls: rows joined by order may be off")
     path = output_path(args.out)

@@ -17,10 +17,10 @@ import csv
 import datetime
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Collection, Iterable, Sequence
 
-from nvfp4lib.bench.ceilings import best_reads, percent_of_read, read_rows
-from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, percent, text_table, time_column
+from nvfp4lib.bench.ceilings import READ_MEASURES, CeilingIndex, bandwidth_ceiling, best_reads, ceiling_index, read_rows
+from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean, text_table, time_column
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
@@ -43,10 +43,9 @@ COLUMNS = (
     *(f"env_{f}" for f in ENV_FIELDS),
 )
 """CSV columns; the timing ones are `harness.timing_fields`'s. kernel_us and host_visible_us are medians,
-leaderboard_us the mean (as the leaderboard reports it) with its std and standard error (the streaming reads
-also give its median, leaderboard_median_us); host_us is the
-CPU time inside a call. *_pct_of_read: the best streaming read of the same bytes after the same flush,
-as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
+leaderboard_us the mean (as the leaderboard reports it) with its std, standard error and median
+(leaderboard_median_us); host_us is the CPU time inside a call. *_pct_of_read: the best streaming read
+of the same bytes after the same flush, as a percentage of the row's time by that measure. status: ok | inexact (outside reference.TOLERANCE,
 still timed) | error (raised) | skipped (not on this device). Ceiling rows have kind "ceiling": "copy"
 and "reduction" (shape_set "ceiling", only kernel_gbps filled) and the streaming reads "read-<name>" and
 "read-<name>-clean" of nvfp4lib.bench.ceilings (timed like a path; flush "dirty" or "clean")."""
@@ -85,12 +84,14 @@ def _format_value(value) -> str:
     return str(value)
 
 
-def write_csv(rows: list[dict], path: Path | str) -> None:
+def write_csv(rows: list[dict], path: Path | str, columns: Sequence[str] = COLUMNS) -> None:
+    """`rows` as a CSV of `columns` (default the benchmark schema; other keys are left out), empty cells
+    for None, floats to 4 significant digits below 1 and to 2 decimals above."""
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for row in rows:
-            writer.writerow({c: _format_value(row.get(c)) for c in COLUMNS})
+            writer.writerow({c: _format_value(row.get(c)) for c in columns})
 
 
 _INT_COLUMNS = {"m", "k", "l", "bytes", "kernel_reps", "leaderboard_reps", "host_visible_reps"}
@@ -98,23 +99,26 @@ _TEXT_COLUMNS = {"path", "kind", "label", "shape_set", "status", "note", "flush"
                  "commit", *(f"env_{f}" for f in ENV_FIELDS)}
 
 
-def _parse(column: str, text: str):
+def _parse(column: str, text: str, int_columns: Collection[str], text_columns: Collection[str]):
     if text == "":
         return None
-    if column in _TEXT_COLUMNS:
+    if column in text_columns:
         return text
     if column == "quick":
         return text == "True"
     try:
-        return int(text) if column in _INT_COLUMNS else float(text)
+        return int(text) if column in int_columns else float(text)
     except ValueError:
         return text
 
 
-def load_results(path: Path | str) -> list[dict]:
-    """The rows of a suite CSV (`COLUMNS`) with numbers as numbers and empty cells as None."""
+def load_results(path: Path | str, *, int_columns: Collection[str] = _INT_COLUMNS,
+                 text_columns: Collection[str] = _TEXT_COLUMNS) -> list[dict]:
+    """The rows of a suite CSV (`COLUMNS`) with numbers as numbers and empty cells as None; a CSV of
+    another schema (`write_csv` with its columns) names its integer and its text columns, every other
+    column is read as a float where it is one."""
     with open(path, newline="") as f:
-        return [{c: _parse(c, v) for c, v in row.items()} for row in csv.DictReader(f)]
+        return [{c: _parse(c, v, int_columns, text_columns) for c, v in row.items()} for row in csv.DictReader(f)]
 
 
 PROFILE_SUFFIX = "_profile"  # results/<device>_profile.csv: Nsight Compute counters (bench.profile), another schema
@@ -152,8 +156,6 @@ def results_source(path: Path | str, rows: list[dict]) -> str:
 # ------------------------------------------------------------------------------ measures and ceilings
 
 SCORE_MEASURE = "leaderboard"  # what a score compares: leaderboard time, the public harness's figure
-def _ceiling(rows: list[dict], name: str) -> float | None:
-    return next((r["kernel_gbps"] for r in rows if r.get("path") == name and r.get("kind") == "ceiling"), None)
 
 
 def _timed(rows: list[dict]) -> list[dict]:
@@ -176,20 +178,17 @@ def ceiling_note(rows: list[dict]) -> str:
     """Which ceiling the tables and figures of `rows` hold the paths against, in words."""
     if read_rows(rows):
         return "ceiling: the best streaming read of the same bytes after the same flush (nvfp4lib.bench.ceilings)"
-    copy = _ceiling(rows, "copy")
+    copy = bandwidth_ceiling(rows, "copy")
     return ("ceiling: the device-to-device copy" + (f", {copy:.0f} GB/s" if copy else " (not in these results)")
             + "; these results have no streaming reads")
 
 
-def percent_of_ceiling(row: dict, rows: list[dict]) -> float | None:
+def percent_of_ceiling(row: dict, rows: list[dict] | CeilingIndex) -> float | None:
     """A path's kernel time against its ceiling: where `rows` have streaming reads, the best read of
     the row's bytes after its flush as a percentage of the row's kernel time; else the row's
-    bandwidth as a percentage of the copy's. None where neither exists."""
-    reads = read_rows(rows)
-    if reads:
-        return percent_of_read(row, reads, row.get("flush") or "dirty").get("kernel_pct_of_read")
-    copy = _ceiling(rows, "copy")
-    return percent(gbps(row["bytes"], row["kernel_us"]), copy) if copy and row.get("kernel_us") else None
+    bandwidth as a percentage of the copy's. None where neither exists. For many rows, pass
+    `ceiling_index(rows)`: the ceilings are then found once (`ceilings.CeilingIndex.percent_of_ceiling`)."""
+    return ceiling_index(rows).percent_of_ceiling(row)
 
 
 # ------------------------------------------------------------------------------ tables
@@ -208,7 +207,8 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
     score. The notes under the tables name the ceiling."""
     timed = _timed(rows)
     measures, score = measures_in(rows), time_column(SCORE_MEASURE)
-    reads = read_rows(rows)
+    held_against = ceiling_index(rows)
+    reads = held_against.has_reads
     peer_names = list(dict.fromkeys(r["path"] for r in timed if r["kind"] == "peer"))
     peer_time = {(r["path"], r["m"], r["k"], r["l"]): r.get(score) for r in timed if r["kind"] == "peer"}
     header = ["path", "shape", *(f"{m} us" for m in measures), "host us", "GB/s", "% read" if reads else "% copy",
@@ -227,7 +227,7 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
                 speedups.append(cell_text(p / r[score] if p and r.get(score) else None, ".2f"))
             body.append([_path_text(r), shape_text(r), *(cell_text(r.get(time_column(m)), ".1f") for m in measures),
                          cell_text(r.get("host_us"), ".1f"), cell_text(gbps(r["bytes"], r["kernel_us"]), ".0f"),
-                         cell_text(percent_of_ceiling(r, rows), ".1f"), *speedups])
+                         cell_text(held_against.percent_of_ceiling(r), ".1f"), *speedups])
         title = f"{shape_set} shapes" + (f" ({CPU_NOTE})" if cpu else "")
         out += [title, text_table(header, body), ""]
         if shape_set == "benchmark":
@@ -235,7 +235,7 @@ def summary_table(rows: list[dict], shape_sets: Iterable[str] = ("benchmark", "s
     if out:
         out.append("us per call: " + ", ".join(f"{m} the {STATISTIC[m]}" for m in measures)
                    + (f"; x <peer>: the peer's {SCORE_MEASURE} time / this path's" if peer_names else ""))
-        copy = _ceiling(rows, "copy")
+        copy = held_against.copy_gbps
         if reads:
             out.append("% read: the best streaming read of the same bytes after the same flush (nvfp4lib.bench.ceilings), "
                        "as a percentage of the path's time, both by kernel time")
@@ -322,10 +322,10 @@ _PANEL_TITLES = {"kernel": "kernel time: median, calls back to back",
 def _best_read_points(rows: list[dict], measure: str) -> list[tuple[int, float]]:
     """(bytes, time) of the best streaming read at each shape, by `measure` (the reads are timed by
     kernel and leaderboard time only); empty without reads."""
-    if measure not in ("kernel", "leaderboard"):
+    if measure not in READ_MEASURES:
         return []
     column = time_column(measure)
-    return sorted((r["bytes"], r[column]) for r in best_reads(read_rows(rows), measure_name=measure).values())
+    return sorted((r["bytes"], r[column]) for r in best_reads(rows, measure_name=measure).values())
 
 
 def roofline_figure(rows: list[dict]):
@@ -341,7 +341,7 @@ def roofline_figure(rows: list[dict]):
     timed = _timed(rows)
     colors = _colors(timed)
     labels = {r["path"]: r["label"] for r in timed}
-    copy, reduction = _ceiling(rows, "copy"), _ceiling(rows, "reduction")
+    copy, reduction = bandwidth_ceiling(rows, "copy"), bandwidth_ceiling(rows, "reduction")
     batches = sorted({r["l"] for r in timed if r["shape_set"] == "sweep"})
     styles = dict(zip(batches, ("-", "--", ":", "-.")))
     measures = measures_in(rows) or ["kernel"]
@@ -398,11 +398,11 @@ def bars_figure(rows: list[dict]):
     colors = _colors(timed)
     shapes = list(dict.fromkeys((r["m"], r["k"], r["l"]) for r in timed))
     names = list(colors)
-    copy = _ceiling(rows, "copy")
+    copy = bandwidth_ceiling(rows, "copy")
     score = SCORE_MEASURE
     column = time_column(score)
     crosses = "host-visible" in measures_in(rows)
-    reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(read_rows(rows), measure_name=score).values()}
+    reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(rows, measure_name=score).values()}
     fig, ax = plt.subplots(figsize=(max(7, 1.2 + 0.45 * len(names) * max(1, len(shapes))), 5))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):

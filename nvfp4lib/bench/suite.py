@@ -31,7 +31,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.ceilings import READ_MEASURES, CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_bound, measure, timing_fields
 from nvfp4lib.bench.peers import all_paths
 from nvfp4lib.bench.plots import declare_mode
@@ -254,13 +254,6 @@ class _Progress:
             self.bar.close()
 
 
-def _add_ceilings(row: dict, copy: float, reads: list[dict]) -> None:
-    """% of the copy bandwidth and % of the best streaming read of the row's bytes, per measure."""
-    for mode in ("kernel", "leaderboard"):
-        row[f"{mode}_pct_of_copy"] = percent(row[f"{mode}_gbps"], copy)
-    row.update(percent_of_read(row, reads))
-
-
 def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterable[str] | None = None,
         figures_dir: Path | str | None = None, figures: bool = True, seed: int = 0,
         progress: bool = True, verbose: bool = True) -> Path:
@@ -293,6 +286,7 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
     reads = read_ceilings(tasks, rule=plan.rule, warmup=_warmup(plan.reps), reps=plan.reps,
                           tune_reps=max(plan.min_reps, 10) if caps.cuda else 1, log=say if verbose else None)
     say(ceiling_table(reads))
+    read_index = CeilingIndex(reads)
     common = dict(context_fields(caps, quick), copy_gbps=copy, reduction_gbps=reduction)
     cpu_note = "" if caps.cuda else CPU_NOTE
     rows = [dict(common, path="copy", kind="ceiling", label="device-to-device copy", shape_set="ceiling",
@@ -314,8 +308,9 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
                 context = dict(common, path=path.name, kind=path.kind, label=path.label, shape_set=shape_set,
                                m=shape.m, k=shape.k, l=shape.l, bytes=bytes_moved(shape))
                 row = dict(context, **check_and_time(path, data, plan))
-                if row["status"] == "ok":
-                    _add_ceilings(row, copy, reads)
+                if row["status"] == "ok":  # % of the copy's bandwidth and of the best read of the same bytes
+                    row.update({f"{m}_pct_of_copy": percent(row[f"{m}_gbps"], copy) for m in READ_MEASURES},
+                               **read_index.percent_of_read(row))
                     row["note"] = "; ".join(filter(None, [row["note"], cpu_note]))
                 else:
                     bar.write(f"{row['status'].upper()} {path.name} {shape_text(row)}: {row['note']}")
