@@ -118,7 +118,7 @@ def hardware_against_models() -> str:
     import torch
 
     from nvfp4lib import scaled_mm
-    from nvfp4lib.study import decode_models
+    from nvfp4lib.study.whole_k_model import config_model
     from nvfp4lib.cute.gemv import CuteGemv
     from nvfp4lib.problem import generate_input
     from nvfp4lib.reference import check, poison_
@@ -132,7 +132,7 @@ def hardware_against_models() -> str:
         poison_(data.c)
         got = runner(data).cpu()[:, 0, :].numpy()
         cpu = tuple(t.cpu() for t in data)
-        expected = decode_models.fast_kernel_model(cpu, "hw")[1]
+        expected = config_model(cpu, runner.config_for(shape[1]), "hw")[1]
         differ = int((got.view(np.uint16) != expected.view(np.uint16)).sum())
         lines.append(f"CuTe hw decode {shape}: {differ} of {got.size} fp16 values differ from the model")
         if differ:
@@ -195,7 +195,7 @@ def _leaderboard(fail: tuple[str, ...], expect: list[str]) -> Callable[[], str]:
 ITEMS = (
     Item("sm100 tests", "pytest -m sm100", sm100_tests),
     Item("GPU tests", 'pytest -m "gpu and not sm100"', gpu_tests),
-    Item("hardware vs model", "the CuTe fast kernel bit for bit against decode_models.fast_kernel_model('hw'); "
+    Item("hardware vs model", "the CuTe fast kernel bit for bit against the model of the config it runs at each K (whole_k_model.config_model, 'hw'); "
          "cuBLAS FP4 against the exact reference", hardware_against_models),
     Item("notebook 03", "notebooks/03_scaled_mm.ipynb in full mode", _notebook("03_scaled_mm")),
     Item("notebook 04", "notebooks/04_cute_kernel.ipynb in full mode", _notebook("04_cute_kernel")),

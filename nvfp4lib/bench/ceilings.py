@@ -150,12 +150,12 @@ TRITON_XOR_READS = tuple(TritonRead(hint) for hint in TRITON_HINTS)
 
 
 def compile_stream_read(arch: str | None = None, options: str = ""):
-    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.gemv.compile_launch`) for TVM-FFI calls
+    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.launch.compile_launch`) for TVM-FFI calls
     (src pointer, 16-byte vector count, sink pointer, stream). `arch` None compiles for this GPU;
     e.g. "sm_100a" cross-compiles without one. `options` are extra CuTe DSL compile options (e.g.
     --keep-ptx --dump-dir DIR). (This module has no `from __future__ import annotations`: the DSL
     reads the kernels' annotations, which name the locally imported `cutlass` and `cute`.)"""
-    from nvfp4lib.cute.gemv import compile_launch
+    from nvfp4lib.cute.launch import compile_launch
     from nvfp4lib.cute.ptx import cute, cutlass, ld_global_v4_if
 
     threads, loads = StreamRead.THREADS, StreamRead.LOADS

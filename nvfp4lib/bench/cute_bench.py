@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 import sys
 
-from nvfp4lib.bench.ceilings import ceiling_table, percent_of_read, read_ceilings
+from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
@@ -155,7 +155,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
     if reads is None:
         reads = read_ceilings([("benchmark", s) for s in shapes], clean=flush == "clean", large=False,
                               reps=reps, device=device, log=print)
-    rows = []
+    rows, ceilings = [], CeilingIndex(reads)
     for shape in shapes:
         data = generate_input(*shape, seed=1, mode="full", device=device)
         nbytes = bytes_moved(shape)
@@ -172,7 +172,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
             row = dict(path=name, kind="nvfp4lib", label=name,
                        shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
                        flush=flush, **timing_fields(timings, nbytes))
-            row.update(percent_of_read(row, reads, flush))
+            row.update(ceilings.percent_of_read(row, flush))
             rows.append(row)
             print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
                   f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
