@@ -4,6 +4,8 @@ CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)
 
 from __future__ import annotations
 
+import torch
+
 
 def memory_key(data) -> tuple:
     """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes.
@@ -20,7 +22,8 @@ class TupleCache:
 
     A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
     all that the prepared data depends on: the object (its id), data address, shape, strides,
-    dtype, device and whether it requires grad (validation refuses a c that does). The container
+    dtype, device and whether it requires grad (validation refuses a c that does), and whether
+    inference mode is on (validation refuses an inference c outside it). The container
     is not part of it, so a tuple and a list of the same tensors share an entry, and a list whose
     items are replaced, or a tensor re-pointed in place (``set_``, ``.data = ...``,
     ``as_strided_``), is prepared again. An entry holds its tensors, so their ids cannot be reused
@@ -35,8 +38,9 @@ class TupleCache:
 
     @staticmethod
     def key(data) -> tuple:
-        """The tensors' ids, their `memory_key` and whether they require grad (a validated c may not)."""
-        return tuple(map(id, data)), memory_key(data), tuple(t.requires_grad for t in data)
+        """The tensors' ids and `memory_key`, whether they require grad and whether inference mode is on."""
+        return (tuple(map(id, data)), memory_key(data), tuple(t.requires_grad for t in data),
+                torch.is_inference_mode_enabled())
 
     def get(self, data, make):
         """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""
