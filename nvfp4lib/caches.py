@@ -4,15 +4,35 @@ CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import torch
+
+_validated_once = contextvars.ContextVar("nvfp4lib_validated_once", default=False)
+
+
+@contextlib.contextmanager
+def validated_once():
+    """Inside (this thread and asyncio task): the 7-tuple a GEMV gets was validated by its caller and is
+    made for this call alone (the op's). No `TupleCache` keeps it (an entry never hit again, pinning
+    its tensors), and a GEMV may skip its own validation (`is_validated_once`)."""
+    token = _validated_once.set(True)
+    try:
+        yield
+    finally:
+        _validated_once.reset(token)
+
+
+def is_validated_once() -> bool:
+    """Whether the caller validated the tuple of this call (inside `validated_once`)."""
+    return _validated_once.get()
 
 
 def memory_key(data) -> tuple:
-    """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes.
-
-    Not the tensor objects (a replayed CUDA graph reads the memory, whichever tensor now holds it)
-    and not their values or version counters (c is written by every call).
-    """
+    """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes;
+    not the tensor objects (a replayed CUDA graph reads the memory, whichever tensor now holds it) and
+    not their values or version counters (c is written by every call)."""
     return tuple([(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
 
@@ -43,7 +63,9 @@ class TupleCache:
                 torch.is_inference_mode_enabled())
 
     def get(self, data, make):
-        """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""
+        """make(data) the first time these tensors are seen as they are now (always inside `validated_once`)."""
+        if _validated_once.get():
+            return make(data)
         try:
             key = self.key(data)
         except (TypeError, AttributeError):  # not a sequence of tensors: make() reports what is wrong

@@ -165,7 +165,7 @@ def test_file_is_a_self_contained_leaderboard_entry(exported, name):
 
 def test_inlined_code_is_the_package_source(exported):
     source = exported["scaled_mm_transposed"].read_text()
-    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.blocked_scales, scaled_mm.emulated_scaled_mm_fp4):
+    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.blocked_scales, scaled_mm._emulate):
         assert inspect.getsource(obj) in source, f"{obj.__name__} is not inlined verbatim"
     assert "# nvfp4lib/scaled_mm.py" in source and "# nvfp4lib/layouts.py" in source
 
