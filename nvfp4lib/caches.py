@@ -4,13 +4,35 @@ CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
+import torch
+
+_validated_once = contextvars.ContextVar("nvfp4lib_validated_once", default=False)
+
+
+@contextlib.contextmanager
+def validated_once():
+    """Inside (this thread and asyncio task): the 7-tuple a GEMV gets was validated by its caller and is
+    made for this call alone (the op's). No `TupleCache` keeps it (an entry never hit again, pinning
+    its tensors), and a GEMV may skip its own validation (`is_validated_once`)."""
+    token = _validated_once.set(True)
+    try:
+        yield
+    finally:
+        _validated_once.reset(token)
+
+
+def is_validated_once() -> bool:
+    """Whether the caller validated the tuple of this call (inside `validated_once`)."""
+    return _validated_once.get()
+
 
 def memory_key(data) -> tuple:
-    """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes.
-
-    Not the tensor objects (a replayed CUDA graph reads the memory, whichever tensor now holds it)
-    and not their values or version counters (c is written by every call).
-    """
+    """Per tensor: (data address, shape, strides, dtype, device), the memory a call reads and writes;
+    not the tensor objects (a replayed CUDA graph reads the memory, whichever tensor now holds it) and
+    not their values or version counters (c is written by every call)."""
     return tuple([(t.data_ptr(), t.shape, t.stride(), t.dtype, t.device) for t in data])
 
 
@@ -20,7 +42,8 @@ class TupleCache:
 
     A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
     all that the prepared data depends on: the object (its id), data address, shape, strides,
-    dtype, device and whether it requires grad (validation refuses a c that does). The container
+    dtype, device and whether it requires grad (validation refuses a c that does), and whether
+    inference mode is on (validation refuses an inference c outside it). The container
     is not part of it, so a tuple and a list of the same tensors share an entry, and a list whose
     items are replaced, or a tensor re-pointed in place (``set_``, ``.data = ...``,
     ``as_strided_``), is prepared again. An entry holds its tensors, so their ids cannot be reused
@@ -35,11 +58,14 @@ class TupleCache:
 
     @staticmethod
     def key(data) -> tuple:
-        """The tensors' ids, their `memory_key` and whether they require grad (a validated c may not)."""
-        return tuple(map(id, data)), memory_key(data), tuple(t.requires_grad for t in data)
+        """The tensors' ids and `memory_key`, whether they require grad and whether inference mode is on."""
+        return (tuple(map(id, data)), memory_key(data), tuple(t.requires_grad for t in data),
+                torch.is_inference_mode_enabled())
 
     def get(self, data, make):
-        """make(data) the first time these tensors are seen as they are now, the remembered result afterwards."""
+        """make(data) the first time these tensors are seen as they are now (always inside `validated_once`)."""
+        if _validated_once.get():
+            return make(data)
         try:
             key = self.key(data)
         except (TypeError, AttributeError):  # not a sequence of tensors: make() reports what is wrong

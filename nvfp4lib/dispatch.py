@@ -2,10 +2,8 @@
 
 Which path wins depends on the device and on the shape, so the choice is made per shape, once:
 
-* inputs on the CPU: the emulation of the FP4 GEMM (``scaled_mm_permuted``: exact products summed
-  in fp32, like cuBLAS and the reference's `torch._scaled_mm`, then rounded to fp16). It is not
-  exact: where large products cancel, fp32 partial sums can lose a small term (the exact integer
-  reference, path "reference", is exact: one rounding of the exact sum);
+* inputs on the CPU: the emulation of the FP4 GEMM (``scaled_mm_permuted``: fp32 sums like cuBLAS,
+  not exact where large products cancel, `scaled_mm.emulated_scaled_mm_fp4`; path "reference" is);
 * Blackwell (``capabilities().fp4_gemm``): `torch._scaled_mm` or the CuTe kernel, per shape
   class, from a table measured on this GPU (`nvfp4lib.bench.calibration.calibrate`, saved and loaded
   as JSON). With no table the default is the CuTe kernel, reported as "default, not measured";
@@ -13,12 +11,10 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
-Apart from the table, each of these is the first path of `paths.FALLBACK_ORDER` that can run here.
-The path is then taken by `fallback.first_working`, the chooser the exported one-file submissions
-use too: the chosen path, else the next of FALLBACK_ORDER, that builds and passes the self-check (a
-small full-range input against the exact reference). A path that fails it is never used again by
-this dispatcher; a later call that raises (an input a path refuses) changes nothing. `explain` and
-`decisions` say what was taken and why.
+Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, taken by
+`fallback.first_working` (as in the exported files): it, else the next of FALLBACK_ORDER, that builds
+and passes the self-check. A path that fails it is never used again by this dispatcher; a later call
+that raises (an input a path refuses) changes nothing. `explain` and `decisions` say what and why.
 
 For experiments a path can be forced by name: ``with force("scaled_mm_permuted"): ...`` or the
 environment variable NVFP4_PATH (a forced path is built as it is: no self-check, no fallback).
@@ -33,10 +29,10 @@ other, so copies that disagree give answers that depend on the path.
 
 The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for
 an independent set of choices. Cost per call: after the first call of a shape, a context-variable
-read, two environment reads (NVFP4_PATH, NVFP4_CHECK_SCALES), one dictionary lookup keyed by
-(a.shape, a.is_cuda, what forces a path) and the path's own call, which validates its input (the
-dispatcher reads only a's shape). The first call of a shape cannot be made while a CUDA graph is
-being captured (it builds and self-checks a path): make one before capturing.
+read, one read of the environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one
+dictionary lookup keyed by (a.shape, a.is_cuda, what forces a path) and the path's own call, which
+validates its input (`Dispatcher.run_validated`: for a tuple its caller validated, the op's). The
+first call of a shape builds and self-checks a path: make it before capturing a CUDA graph.
 """
 
 from __future__ import annotations
@@ -53,6 +49,7 @@ from typing import Callable
 
 import torch
 
+from nvfp4lib.caches import validated_once
 from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
 from nvfp4lib.fallback import first_working
@@ -121,9 +118,9 @@ def _device_reason(name: str, caps: Capabilities, on_cuda: bool) -> str:
             "like cuBLAS)")
 
 
-def _env_check_scales() -> bool:
+def _env_check_scales(value: str | None) -> bool:
     """NVFP4_CHECK_SCALES: "1" on, "0" or unset off; anything else is refused, not read as off."""
-    value = os.environ.get(CHECK_SCALES_ENV_VAR, "").strip()
+    value = (value or "").strip()
     if value in ("", "0"):
         return False
     if value == "1":
@@ -198,16 +195,6 @@ class Dispatcher:
         forced = self._forced.get()
         return (forced[-1] if forced else None), os.environ.get(PATH_ENV_VAR)
 
-    @staticmethod
-    def _forced_name(overrides) -> tuple[str, str] | None:
-        forced, env = overrides
-        if forced is not None:
-            return forced, "forced"
-        env = (env or "").strip()
-        if env and env != "auto":
-            return check_name(env, PATH_ENV_VAR), "env"
-        return None
-
     def choose(self, shape, *, on_cuda: bool | None = None, caps: Capabilities | None = None,
                tab: Table | None = None) -> Decision:
         """The path for a shape on this machine, or on the one ``caps`` describes (a what-if);
@@ -220,11 +207,11 @@ class Dispatcher:
         on_cuda = caps.cuda if on_cuda is None else on_cuda
         tab = tab if tab is not None else self._table
         key = shape_class(shape)
-        forced = self._forced_name(overrides)
+        forced, env = overrides[0], (overrides[1] or "").strip()
         if forced is not None:
-            name, source = forced
-            how = f"force({name!r})" if source == "forced" else f"{PATH_ENV_VAR}={name}"
-            return Decision(name, f"forced by {how}", key, source)
+            return Decision(forced, f"forced by force({forced!r})", key, "forced")
+        if env and env != "auto":
+            return Decision(check_name(env, PATH_ENV_VAR), f"forced by {PATH_ENV_VAR}={env}", key, "env")
         name = fallback_paths(caps, on_cuda)[0]
         if caps.fp4_gemm and on_cuda and name == BLACKWELL_DEFAULT:
             entry = tab.entries.get(key) if tab is not None and tab.device == caps.name else None
@@ -239,11 +226,7 @@ class Dispatcher:
     def explain(self, data) -> Decision:
         """Which path `custom_kernel(data)` runs for these inputs now, and why: the call's own plan
         (made here if the call has not made it yet, building and checking the path as the call would)."""
-        a = first_tensor(data)
-        key = (a.shape, a.is_cuda, *self._overrides())
-        if key not in self._decisions:
-            self._plan(data, key)
-        return self._decisions[key]
+        return self._decisions[self._planned(data)[2]]
 
     def decisions(self) -> dict:
         """The choices made so far under the forcing in effect now: (a.shape, on_cuda) -> Decision."""
@@ -308,19 +291,30 @@ class Dispatcher:
                                 "fallback")
         return choice.kernel, decision
 
-    def _scales_checked(self) -> bool:
-        return self.check_scales if self.check_scales is not None else _env_check_scales()
+    def _planned(self, data, scales_may_differ: bool = False) -> tuple[Callable, bool, tuple]:
+        """(the path planned for `data`, made now if need be; whether to check its scale copies; the plan's
+        key): the one place a call reads the environment, NVFP4_PATH and, where it decides, NVFP4_CHECK_SCALES."""
+        a = first_tensor(data)
+        key = (a.shape, a.is_cuda, *self._overrides())
+        check = scales_may_differ and (self.check_scales if self.check_scales is not None
+                                       else _env_check_scales(os.environ.get(CHECK_SCALES_ENV_VAR)))
+        run = self._plans.get(key)
+        return (run if run is not None else self._plan(data, key)), check, key
 
     def __call__(self, data) -> torch.Tensor:
         """c = A @ B per batch, written into the c of `data` and returned."""
-        a = first_tensor(data)
-        key = (a.shape, a.is_cuda, *self._overrides())
-        run = self._plans.get(key)
-        if run is None:
-            run = self._plan(data, key)
-        if self._scales_checked():
+        run, check, _ = self._planned(data, scales_may_differ=True)
+        if check:
             check_scale_copies(data)
         return run(data)
+
+    def run_validated(self, data) -> torch.Tensor:
+        """`__call__` for a 7-tuple its caller validated and made for this call alone, the plain scales
+        derived from the permuted ones (the op's): the same path, run without the scale check (the copies
+        agree), its own validation skipped where it can be, remembered by no cache (`caches.validated_once`)."""
+        run, _, _ = self._planned(data)
+        with validated_once():
+            return run(data)
 
 
 DISPATCHER = Dispatcher()

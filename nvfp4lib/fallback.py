@@ -1,24 +1,22 @@
 """Which path runs: the one fallback chooser of the dispatcher and of the exported files, and its self-check.
 
 `first_working(candidates, build, device)` takes paths in order and returns the first that can run
-here, builds, and computes a small full-range input (`self_check_input`) right: within the
-leaderboard's tolerance of the exact reference, every element written. The dispatcher
-(`nvfp4lib.dispatch`) calls it when it plans a shape, with its chosen path followed by the rest of
-`paths.FALLBACK_ORDER`; an exported file (`nvfp4lib.leaderboard.runtime`) calls it once, at import,
-with its own path followed by the same order. Both pass over the same paths for the same reasons, so
-on one machine they run the same kernel.
+here, builds, and computes small full-range inputs (`self_check_input`) right: within the
+leaderboard's tolerance of the exact reference, every element written. The dispatcher calls it when
+it plans a shape, an exported file (`nvfp4lib.leaderboard.runtime`) once at import, each with its
+first path followed by the rest of `paths.FALLBACK_ORDER`: on one machine they run the same kernel.
 
 A path that cannot run here (the CuTe kernel without a GPU) is information, logged at INFO:
 ``cute_fast cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using
 scaled_mm_permuted``. A path that could run here but does not build, raises in its self-check or
-computes a wrong result is a failure, logged as a WARNING. The choice is logged at INFO
-(``self-check ok: <path> on <device>``). A caller that passes a `checked` dictionary remembers each
-verdict: a path that failed is never tried again (the dispatcher keeps one per dispatcher). What a
-real call raises later does not change the choice: the error is the caller's to see.
+computes a wrong result is a failure, logged as a WARNING; the choice at INFO (``self-check ok:
+<path> on <device>``). With a `checked` dictionary (the dispatcher keeps one) a path that failed is
+never tried again. What a real call raises later does not change the choice: it is the caller's.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, NamedTuple
 
@@ -33,9 +31,10 @@ from nvfp4lib.reference import check, poison_
 
 LOGGER = logging.getLogger(__name__)
 
-SELF_CHECK_SHAPES = ((128, 256, 2), (128, 2048, 1))
-"""What every candidate path runs before it is chosen: K = 256 and K = 2048 take the fast kernel's
-two tiles (`cute.gemv.default_config`), L = 2 a second batch."""
+SELF_CHECK_SHAPES = ((128, 256, 2), (128, 2048, 1), (128, 7168, 1), (128, 16384, 1))
+"""What every candidate path runs before it is chosen: K = 256 (with L = 2, a second batch) and every K
+at which the default CuTe kernel is specialised per K (`cute.gemv.default_config`: the benchmarks'
+K = 2048, 7168 and 16384), so each kernel a benchmark shape runs has passed the check first."""
 SELF_CHECK_SEED = 20250
 
 
@@ -58,15 +57,25 @@ def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = False
     return GemvInput(a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c)
 
 
+@functools.lru_cache(maxsize=2 * len(SELF_CHECK_SHAPES))  # the shapes on the CPU and on one GPU
+def _self_check_input_on(m: int, k: int, l: int, device: torch.device) -> GemvInput:
+    """`self_check_input`, made once per shape and device for every path checked there."""
+    return self_check_input(m, k, l, device)
+
+
 def self_check(kernel: Callable, device) -> str | None:
     """Run `kernel` on the `SELF_CHECK_SHAPES` inputs (output poisoned first) and compare it with the
     exact reference (`reference.check`: an integer dequantize-and-sum, the leaderboard's tolerance).
-    None when every element matches; else what went wrong. Exceptions propagate."""
+    None when every element matches; else what went wrong. Exceptions propagate. The inputs are made
+    once per shape and device (c poisoned again for each check)."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     for shape in SELF_CHECK_SHAPES:
-        data = self_check_input(*shape, device)
+        data = _self_check_input_on(*shape, device)
         poison_(data.c)
         out = kernel(data)
-        if torch.device(device).type == "cuda":
+        if device.type == "cuda":
             torch.cuda.synchronize(device)
         result = check(out, data)
         if not result.ok:

@@ -5,12 +5,10 @@ and joins) pays the host cost of each launch every time. A CUDA graph records th
 sequence once and replays it with a single launch, which can only help when the host, not the
 GPU, is the bottleneck, as it is for short calls timed one at a time.
 
-A graph replays the exact kernels it recorded, with the exact pointers: it reads and writes the
-same memory every time. So a graph is valid for one layout of memory (the tensors' data addresses,
-shapes, strides, dtypes and devices); values changed in place are picked up, new tensors need a
-new capture.
-`GraphedGemv` keeps a few graphs keyed that way (`caches.memory_key`) and captures again when the key changes. Building
-the key costs a few microseconds of host time per call (seven tensors), part of its price.
+A graph replays the exact kernels it recorded, with the exact pointers: it is valid for one layout
+of memory (`caches.memory_key`: data addresses, shapes, strides, dtypes, devices); values changed in
+place are picked up, new tensors need a new capture. `GraphedGemv` keeps a few graphs by that key
+(a few microseconds of host time per call to build) and captures again when it changes.
 
 Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times
 on a side stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the
@@ -26,7 +24,7 @@ from typing import Callable
 
 import torch
 
-from nvfp4lib.caches import memory_key
+from nvfp4lib.caches import is_validated_once, memory_key
 from nvfp4lib.contract import validate_gemv_input
 
 CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the function directly"
@@ -39,7 +37,8 @@ class GraphedGemv:
     given set of tensors warms ``fn`` up and captures it (slow: milliseconds, with a device
     synchronize); later calls with the same tensors replay. Up to ``max_graphs`` graphs are kept,
     each with its own memory pool for the temporaries ``fn`` allocates (the least recently used
-    is dropped). Without CUDA, or for inputs on the CPU, calls go straight to ``fn`` (`note`).
+    is dropped). Without CUDA, for inputs on the CPU (`note`) and for a tuple made for one call alone
+    (`caches.validated_once`: its graph would never be replayed), calls go straight to ``fn``.
     """
 
     def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 4):
@@ -63,12 +62,12 @@ class GraphedGemv:
 
     def __call__(self, data):
         try:
-            on_cuda = data[0].is_cuda
-            key = memory_key(data) if on_cuda else None
+            graphed = data[0].is_cuda and not is_validated_once()
+            key = memory_key(data) if graphed else None
         except (TypeError, AttributeError, IndexError, KeyError):
             validate_gemv_input(data)  # raises the NVFP4InputError that names what is wrong
             raise
-        if not on_cuda:
+        if not graphed:
             return self.fn(data)
         entry = self._graphs.get(key)
         if entry is None:

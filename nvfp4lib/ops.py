@@ -16,14 +16,13 @@ The tensors are those of the leaderboard's 7-tuple (`nvfp4lib.contract`); ``c`` 
 
 The path is chosen as for `custom_kernel`, by the same dispatcher (`dispatch.DISPATCHER`: the same
 choice for the same device and shape, `force` and NVFP4_PATH included), and the result has the same
-bits. Some paths read the plain scales ``sfa``/``sfb``: the CuTe fast kernel (the default on a GPU
-with the CuTe DSL; 64 contiguous bytes per warp load), `scaled_mm_reference`, `scaled_mm_transposed`,
-the exact reference. Others read only the permuted ones: `scaled_mm_permuted` (the default on the CPU),
-`scaled_mm_functional`, the naive CuTe kernel. So the op takes the permuted scales and derives the
-plain ones from them (`layouts.from_permuted`). That is exact: with M a multiple of 128 and K of 64
-the permuted tensor holds every scale once and no padding. It costs one copy of the scales per call
-(per batch M * K/16 bytes read and written, 1/8 of A's bytes, and 128 * K/16 for B), which
-`custom_kernel`, handed both forms, does not pay.
+bits. Some paths read the plain scales ``sfa``/``sfb`` (the CuTe fast kernel, the GPU's default;
+`scaled_mm_reference`, `scaled_mm_transposed`, the exact reference), others the permuted ones. So the
+op takes the permuted scales and derives the plain ones (`layouts.from_permuted`; exact, with M a
+multiple of 128 and K of 64), one copy of the scales per call (1/8 of A's bytes) that `custom_kernel`,
+handed both forms, does not pay. The four tensors are validated once, here; the 7-tuple, new on every
+call, goes to `Dispatcher.run_validated`: no path validates it again where it can skip that, and no
+per-tuple cache remembers it.
 
 Forward only: FP4 codes and E4M3 scales have no gradient, and no autograd formula is registered.
 Before capturing a CUDA graph, call the op once per shape: the first call chooses and builds the path
@@ -33,7 +32,7 @@ Before capturing a CUDA graph, call the op once per shape: the first call choose
 import torch
 
 from nvfp4lib.contract import B_ROWS, BLOCK_SIZE, OP_NAMES, GemvInput, plain_strides, require_tensor, validate_op_input
-from nvfp4lib.dispatch import custom_kernel
+from nvfp4lib.dispatch import DISPATCHER
 from nvfp4lib.layouts import from_permuted
 
 OP_NAME = "nvfp4lib::gemv"
@@ -46,21 +45,15 @@ def new_output(a: torch.Tensor) -> torch.Tensor:
     return torch.empty_strided((m, 1, l), plain_strides(m, 1, l), dtype=OUT_DTYPE, device=a.device)
 
 
-def full_input(a, b, sfa_permuted, sfb_permuted) -> GemvInput:
-    """The 7-tuple the op runs: its four tensors (validated, errors naming the argument), the plain
-    scales derived from the permuted ones, and a new c."""
-    m, k, _ = validate_op_input(a, b, sfa_permuted, sfb_permuted)
-    k_blocks = k // BLOCK_SIZE
-    return GemvInput(a, b, from_permuted(sfa_permuted, m, k_blocks), from_permuted(sfb_permuted, B_ROWS, k_blocks),
-                     sfa_permuted, sfb_permuted, new_output(a))
-
-
 @torch.library.custom_op(OP_NAME, mutates_args=())
 def gemv_op(a: torch.Tensor, b: torch.Tensor, sfa_permuted: torch.Tensor, sfb_permuted: torch.Tensor) -> torch.Tensor:
-    """c[m, 0, l] = sum_k A[m, k, l] sfa[m, k // 16, l] B[0, k, l] sfb[0, k // 16, l], as a new tensor."""
-    data = full_input(a, b, sfa_permuted, sfb_permuted)
-    custom_kernel(data)  # every path writes the c of the tuple it is given
-    return data.c
+    """c[m, 0, l] = sum_k A[m, k, l] sfa[m, k // 16, l] B[0, k, l] sfb[0, k // 16, l], as a new tensor: the
+    four tensors validated (errors naming the argument), the plain scales derived, run on a new c."""
+    m, k, _ = validate_op_input(a, b, sfa_permuted, sfb_permuted)
+    k_blocks, c = k // BLOCK_SIZE, new_output(a)
+    DISPATCHER.run_validated(GemvInput(a, b, from_permuted(sfa_permuted, m, k_blocks),
+                                       from_permuted(sfb_permuted, B_ROWS, k_blocks), sfa_permuted, sfb_permuted, c))
+    return c  # every path writes the c of the tuple it is given
 
 
 @gemv_op.register_fake
@@ -72,9 +65,8 @@ def _gemv_fake(a, b, sfa_permuted, sfb_permuted):
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, sfa_permuted: torch.Tensor, sfb_permuted: torch.Tensor) -> torch.Tensor:
-    """``torch.ops.nvfp4lib.gemv(a, b, sfa_permuted, sfb_permuted)``: c = A @ B per batch, a new
-    [M, 1, L] float16 tensor (see the module docstring). A non-tensor argument is refused here, naming
-    it (PyTorch's own argument parsing would refuse it with a message of its own)."""
+    """``torch.ops.nvfp4lib.gemv(a, b, sfa_permuted, sfb_permuted)``: c = A @ B per batch, a new [M, 1, L]
+    float16 tensor; a non-tensor argument refused here, naming it (PyTorch's parser would not)."""
     for name, x in zip(OP_NAMES, (a, b, sfa_permuted, sfb_permuted)):
         require_tensor(x, name)
     return torch.ops.nvfp4lib.gemv(a, b, sfa_permuted, sfb_permuted)

@@ -9,10 +9,8 @@ are registered in the bench wing, under the same scheme (``nvfp4lib.bench.peers.
 Names are lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
 ``triton_``).
 
-`FALLBACK_ORDER` is the one "best path for this machine" policy: the dispatcher runs its first
-path that can run here (a table measured on a Blackwell GPU may pick another per shape), and
-the exported ``hybrid`` file tries the same paths in the same order, each built by its own builder
-(`nvfp4lib.fallback.first_working` chooses for both).
+`FALLBACK_ORDER` is the one "best path for this machine" policy, of the dispatcher and of the
+exported ``hybrid`` file alike.
 """
 
 from __future__ import annotations
@@ -78,9 +76,7 @@ def _scaled_mm_permuted() -> Callable:
 def _reference_into_c(data):
     """The exact reference, rounded to fp16 and written into c (slow; a yardstick)."""
     exact = reference_gemv(data)  # validates data
-    _, _, _, _, _, _, c = data
-    c.copy_(exact)
-    return c
+    return data[6].copy_(exact)
 
 
 def _scaled_mm_streams() -> Callable:
@@ -144,11 +140,9 @@ PATHS: dict[str, GemvPath] = {p.name: p for p in (
 """The package's paths, by name (the peers are in nvfp4lib.bench.peers)."""
 
 FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
-"""The paths in the order they are tried where nothing is forced or measured: the dispatcher and the
-exported files (nvfp4lib.leaderboard.runtime) both take, through `fallback.first_working`, the first
-that can run here, builds and passes its self-check (the dispatcher starts from a measured table's
-choice where it has one). "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell, its
-emulation elsewhere), so it is last. Both sum in fp32; only the path "reference" is exact."""
+"""The paths tried in order where nothing is forced or measured, by the dispatcher and the exported
+files alike (`fallback.first_working`). "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell,
+its emulation elsewhere), so it is last. Both sum in fp32; only the path "reference" is exact."""
 
 
 def check_name(name: str, source: str) -> str:

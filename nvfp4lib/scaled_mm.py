@@ -21,9 +21,11 @@ Which backend ran is recorded in `last_backend`.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-from nvfp4lib.caches import TupleCache
+from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import (BLOCK_SIZE, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SCALE_TILE_ROWS, NVFP4InputError,
                                require_tensor, scale_tile_counts, validate_gemv_input)
 from nvfp4lib.device import capabilities
@@ -44,8 +46,7 @@ last_backend: str | None = None
 
 def describe_backend(device=None) -> str:
     """The backend a call with data on `device` (default: cuda if present, else cpu) runs, in words."""
-    device = torch.device(device if device is not None else
-                          ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     caps = capabilities()
     if device.type == "cuda" and caps.fp4_gemm:
         return HARDWARE_BACKEND
@@ -89,18 +90,11 @@ def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
                 f"{tuple(s.shape)}, contiguous={s.is_contiguous()}")
 
 
-_byte_tables: dict = {}
-
-
+@functools.cache
 def _byte_table(device: torch.device) -> torch.Tensor:
-    """[256, 2] float32: the two decoded values (low nibble first) of every packed byte.
-
-    Built on the CPU and copied with a blocking copy, so the table is complete before any
-    stream (e.g. a stream pool's) can read it.
-    """
-    if device not in _byte_tables:
-        _byte_tables[device] = byte_values().to(device)
-    return _byte_tables[device]
+    """`formats.byte_values` on `device`, once: built on the CPU and copied with a blocking copy, so
+    the table is complete before any stream (e.g. a stream pool's) can read it."""
+    return byte_values().to(device)
 
 
 def _dequantize(codes_rows: torch.Tensor, blocked: torch.Tensor) -> torch.Tensor:
@@ -154,15 +148,13 @@ def emulated_scaled_mm_fp4(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torc
     scale_result that is not a float32 scalar. It decodes the scales from the blocked buffer, so a
     wrong layout gives wrong numbers here as it would on the GPU.
 
-    What it promises: every dequantized operand (an E2M1 value times an E4M3 scale) is exact in
-    fp32, and so is every product; the sum over K is an fp32 matmul (plus the bias, in fp32), then
-    rounded to `out_dtype`. It is not exact: cuBLAS also sums in fp32 but in its own order, and any
-    fp32 sum rounds its partial sums (the error bound: at most about K * 2^-24 times the sum of
-    |products|), far inside rtol = atol = 1e-3 for NVFP4 data of mixed signs, but where large
-    products cancel it can swallow a whole small term (tests/test_scaled_mm.py has an input whose
-    exact answer is 4 and whose fp32 sum is 0). The exact answer is nvfp4lib.reference's. Scales
-    are decoded as signed E4M3; cuBLAS reads NVFP4 block scales as unsigned UE4M3, so the two are
-    comparable only for scales with the sign bit clear.
+    What it promises: every dequantized operand and every product is exact in fp32; the sum over K
+    is an fp32 matmul (plus the bias, in fp32), then rounded to `out_dtype`. It is not exact: cuBLAS
+    also sums in fp32, in its own order, and any fp32 sum rounds its partial sums (at most about
+    K * 2^-24 times the sum of |products|): far inside rtol = atol = 1e-3 for data of mixed signs, but
+    where large products cancel it can swallow a whole small term (tests/test_scaled_mm.py: exact
+    answer 4, fp32 sum 0). The exact answer is nvfp4lib.reference's. Scales are decoded as signed
+    E4M3; cuBLAS reads them as unsigned UE4M3: the two agree for scales with the sign bit clear.
     """
     _check_scaled_mm_args(mat1, mat2, scale_a, scale_b)
     _check_epilogue(mat2, bias, scale_result, out_dtype, use_fast_accum)
@@ -171,6 +163,12 @@ def emulated_scaled_mm_fp4(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torc
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) != 1:
         raise NVFP4InputError(f"mat1, mat2, scale_a, scale_b: expected one device, got {devices}")
+    return _emulate(mat1, mat2, scale_a, scale_b, bias, out_dtype)
+
+
+def _emulate(mat1, mat2, scale_a, scale_b, bias=None, out_dtype=OUT_DTYPE) -> torch.Tensor:
+    """`emulated_scaled_mm_fp4` on arguments known to be right: the GEMVs here check their 7-tuple
+    once, which makes every batch's operands right, rather than each batch's arguments again."""
     a = _dequantize(mat1, scale_a)
     b = _dequantize(mat2.T, scale_b)
     out = a @ b.T
@@ -182,25 +180,41 @@ def emulated_scaled_mm_fp4(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torc
 def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool, gemm=None) -> torch.Tensor:
     """The FP4 GEMM: ``gemm`` (default torch._scaled_mm) where the hardware has it, else the emulation."""
     if not hardware:
-        return emulated_scaled_mm_fp4(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
+        return _emulate(mat1, mat2, scale1, scale2)
     if gemm is not None:
         return gemm(mat1, mat2, scale1, scale2)
     return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
 
 
-def _validate(data):
-    try:
-        return validate_gemv_input(data)
-    except NVFP4InputError as e:
-        raise NVFP4InputError(f"scaled_mm GEMV input: {e}") from None
+def _checked_blocked_views(data):
+    """The 7-tuple checked (errors say it is this module's; not where its caller did, `caches.validated_once`)
+    and the [L, n] blocked views of its permuted scales (row l: permuted_as_blocked(sf_p, l))."""
+    if not is_validated_once():
+        try:
+            validate_gemv_input(data)
+        except NVFP4InputError as e:
+            raise NVFP4InputError(f"scaled_mm GEMV input: {e}") from None
+    _, _, _, _, sfa_permuted, sfb_permuted, _ = data
+    return permuted_as_blocked_batches(sfa_permuted), permuted_as_blocked_batches(sfb_permuted)
 
 
 CACHE_ENTRIES = 16  # sets of tensors remembered: a stream pool hands one per batch (L up to 8 here) in turn
-_validated = TupleCache(CACHE_ENTRIES)  # a repeated call on the same tensors is not checked again
+_prepared = TupleCache(CACHE_ENTRIES)  # a repeated call on the same tensors is not checked again
 
 
 def _checked(data):
-    return _validated.get(data, _validate)
+    """`_checked_blocked_views`, once per set of tensors."""
+    return _prepared.get(data, _checked_blocked_views)
+
+
+def _gemv_per_batch(data, blocked_a, blocked_b, gemm=None) -> torch.Tensor:
+    """Per batch l, ``A @ B_padded.T`` with the blocked scales blocked_a[l], blocked_b[l]: column 0 into c."""
+    a, b, _, _, _, _, c = data
+    hardware = _use_hardware(a.device)
+    for l in range(a.shape[2]):
+        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware, gemm)
+        c[:, 0, l].copy_(out[:, 0])
+    return c
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,13 +230,8 @@ def gemv_scaled_mm_reference(data) -> torch.Tensor:
     It is the baseline the other variants save against.
     """
     _checked(data)
-    a, b, sfa, sfb, _, _, c = data
-    hardware = _use_hardware(a.device)
-    for l in range(a.shape[2]):
-        out = _scaled_mm(a[:, :, l], b[:, :, l].T, to_blocked(sfa[:, :, l]), to_blocked(sfb[:, :, l]),
-                         hardware)
-        c[:, 0, l].copy_(out[:, 0])
-    return c
+    _, _, sfa, sfb, _, _, _ = data
+    return _gemv_per_batch(data, *([to_blocked(sf[:, :, l]) for l in range(sf.shape[2])] for sf in (sfa, sfb)))
 
 
 def gemv_scaled_mm_permuted(data) -> torch.Tensor:
@@ -234,27 +243,7 @@ def gemv_scaled_mm_permuted(data) -> torch.Tensor:
     disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
     this reason.
     """
-    return _gemv_from_permuted(data)
-
-
-def _checked_blocked_views(data):
-    """Validate once, and the [L, n] blocked views: row l is permuted_as_blocked(sf_p, l)."""
-    _validate(data)
-    _, _, _, _, sfa_permuted, sfb_permuted, _ = data
-    return permuted_as_blocked_batches(sfa_permuted), permuted_as_blocked_batches(sfb_permuted)
-
-
-_permuted_inputs = TupleCache(CACHE_ENTRIES)  # a repeated call on the same tensors skips both
-
-
-def _gemv_from_permuted(data, gemm=None) -> torch.Tensor:
-    blocked_a, blocked_b = _permuted_inputs.get(data, _checked_blocked_views)
-    a, b, _, _, _, _, c = data
-    hardware = _use_hardware(a.device)
-    for l in range(a.shape[2]):
-        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware, gemm)
-        c[:, 0, l].copy_(out[:, 0])
-    return c
+    return _gemv_per_batch(data, *_checked(data))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,21 +280,16 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
     """The same GEMM the other way round: ``B_padded @ A.T`` -> [128, M], keep row 0.
 
     Saves, against `gemv_scaled_mm_reference`:
-    * scale conversion kernels: all L batches are converted at once (one set of kernels instead
-      of L per operand), from the plain scales on every call, so the result always reflects
-      the scales as they are (`blocked_scales` says why nothing is cached); `side_stream=True`
-      runs the A conversion on a second CUDA stream while the B conversion runs on the
-      caller's, so the two small conversions overlap.
+    * scale conversion kernels: all L batches are converted at once, on every call
+      (`blocked_scales`; ``side_stream=True`` overlaps the A and B conversions on two streams).
     * a strided gather: the wanted output is row 0 of a row-major [128, M] result, M
       contiguous fp16 values, instead of column 0 of [M, 128] (a stride-128 read).
     * possibly GEMM time: the large dimension M becomes the GEMM's N (the side whose tile width
       is flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's
       heuristics pick a faster kernel this way is measured, not assumed (notebook 03).
 
-    `streams=n > 0` launches batch l on stream l % n of the `shared_pool` of the device and n
-    (CUDA only; ignored on the CPU), joined back into the caller's current stream: no device
-    synchronize, and work queued afterwards on the caller's stream sees c written. Like any
-    StreamPool, it serves one host thread at a time.
+    `streams=n > 0` launches batch l on stream l % n of the device's `shared_pool` (CUDA only),
+    joined back into the caller's current stream (no device synchronize); one host thread at a time.
     """
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
         raise NVFP4InputError(f"streams: expected an int >= 0 (0 = the caller's stream), got {streams!r}")
@@ -318,12 +302,11 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
         out = _scaled_mm(b[:, :, l], a[:, :, l].T, blocked_b[l], blocked_a[l], hardware)
         c[:, 0, l].copy_(out[0])
 
-    n_batches = a.shape[2]
-    if streams == 0 or not a.is_cuda:
-        for l in range(n_batches):
-            one_batch(l)
+    if streams and a.is_cuda:
+        shared_pool(a.device, streams).run(one_batch, range(a.shape[2]))
     else:
-        shared_pool(a.device, streams).run(one_batch, range(n_batches))
+        for l in range(a.shape[2]):
+            one_batch(l)
     return c
 
 
@@ -370,4 +353,4 @@ def gemv_scaled_mm_functional(data) -> torch.Tensor:
         return fn(mat1, mat2, scale1, recipe, scale2, recipe, swizzle_a=swizzle, swizzle_b=swizzle,
                   output_dtype=OUT_DTYPE)
 
-    return _gemv_from_permuted(data, gemm)
+    return _gemv_per_batch(data, *_checked(data), gemm)

@@ -203,3 +203,28 @@ def test_transposed_reads_the_scales_as_they_are_now(which, write):
     out = scaled_mm.gemv_scaled_mm_transposed(data)
     _assert_correct(out, data)
     assert not torch.equal(out, first)
+
+
+# --------------------------------------------------------------- inference mode
+
+
+def test_inference_mode_is_part_of_the_key():
+    cache, make = TupleCache(), _Recorder()
+    data = generate_input(128, 256, 1, seed=next(_seeds))
+    first = cache.get(data, make)
+    with torch.inference_mode():
+        assert cache.get(data, make) is not first
+        assert cache.get(data, make) is cache.get(data, make)
+    assert cache.get(data, make) is first
+    assert make.calls == 2
+
+
+def test_an_inference_c_validated_inside_inference_mode_is_refused_outside():
+    """An inference tensor may be written only inside inference mode: a call outside it is checked again, and
+    refused naming c, rather than served the entry the call inside made."""
+    with torch.inference_mode():
+        data = _fresh(Shape(128, 256, 2))  # inference tensors, c among them
+        _assert_correct(scaled_mm.gemv_scaled_mm_permuted(data), data)
+    with pytest.raises(NVFP4InputError, match=r"c: expected a tensor that may be written here, got an inference "
+                                              r"tensor outside torch\.inference_mode\(\)"):
+        scaled_mm.gemv_scaled_mm_permuted(data)

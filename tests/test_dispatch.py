@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -635,6 +636,55 @@ def test_disagreeing_scale_copies_are_answered_silently_by_default_and_refused_w
     assert check(dispatch.Dispatcher(check_scales=True)(fine), fine).ok
     with pytest.raises(ValueError, match=r"^check_scales: expected True, False or None"):
         dispatch.Dispatcher(check_scales="yes")
+
+
+class _CountedEnviron(dict):
+    """os.environ as a dict that counts the reads of each variable."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reads: dict = {}
+
+    def get(self, key, default=None):
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return super().get(key, default)
+
+
+def test_a_call_reads_each_variable_once_and_sees_a_change(monkeypatch):
+    environ = _CountedEnviron(os.environ)
+    monkeypatch.setattr(os, "environ", environ)
+    data, mine = _disagreeing_scales(), dispatch.Dispatcher()
+    mine(data)  # plans the shape
+    environ.reads.clear()
+    mine(data)
+    assert environ.reads == {dispatch.PATH_ENV_VAR: 1, dispatch.CHECK_SCALES_ENV_VAR: 1}
+    environ[dispatch.CHECK_SCALES_ENV_VAR] = "1"
+    with pytest.raises(NVFP4InputError, match=r"^sfa_permuted: expected the same scales as sfa"):
+        mine(data)
+    environ[dispatch.PATH_ENV_VAR] = "reference"
+    with pytest.raises(NVFP4InputError, match=r"^sfa_permuted: expected the same scales as sfa"):
+        mine(data)
+    del environ[dispatch.CHECK_SCALES_ENV_VAR]
+    poison_(data.c)
+    assert check(mine(data), data).ok and mine.explain(data).path == "reference"  # the plain scales'
+    environ.reads.clear()
+    mine.run_validated(data)  # its scale copies agree by construction: NVFP4_CHECK_SCALES is not read
+    assert environ.reads == {dispatch.PATH_ENV_VAR: 1}
+
+
+def test_run_validated_runs_the_calls_path_unchecked_and_remembers_nothing(monkeypatch):
+    """The op's entry: the path of __call__, no scale check even where asked for, the path's own check skipped."""
+    data = _fresh(Shape(256, 512, 2))
+    mine = dispatch.Dispatcher(check_scales=True)
+    assert check(mine(data), data).ok  # plans the shape, checks the scales and the tuple
+    validated = []
+    monkeypatch.setattr(scaled_mm, "validate_gemv_input", lambda *args, **kwargs: validated.append(1))
+    monkeypatch.setattr(dispatch, "check_scale_copies", lambda data: validated.append(2))
+    again = data._replace(c=data.c.clone())  # a new tuple, as the op makes
+    poison_(again.c)
+    assert mine.run_validated(again) is again.c and check(again.c, data).ok
+    assert validated == [] and mine.explain(again).path == "scaled_mm_permuted"
+    assert all(again.c is not t for kept, _ in scaled_mm._prepared._entries.values() for t in kept)
 
 
 # ----------------------------------------------------------------------------------- calibration

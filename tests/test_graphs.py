@@ -8,7 +8,7 @@ import torch
 from nvfp4lib import scaled_mm
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.caches import memory_key
+from nvfp4lib.caches import memory_key, validated_once
 from nvfp4lib.graphs import CPU_NOTE, GraphedGemv
 from nvfp4lib.problem import generate_input
 from nvfp4lib.reference import check, poison_
@@ -253,3 +253,18 @@ def test_capture_protocol(recorded_cuda):
     ]
     assert (g.captures, len(g)) == (2, 1)
     assert "2 captures" in g.note
+
+
+def test_a_tuple_made_for_one_call_runs_directly(recorded_cuda):
+    """Inside validated_once (the op's tuple, new every call) no graph is captured: it would never be replayed."""
+    log, current = recorded_cuda
+    out = object()
+
+    def fn(data):
+        log.append(("fn", current[0]))
+        return out
+
+    g = GraphedGemv(fn)
+    with validated_once():
+        assert g(tuple(_FakeTensor(300 + i) for i in range(7))) is out
+    assert log == [("fn", "caller")] and (g.captures, g.replays, len(g)) == (0, 0, 0)

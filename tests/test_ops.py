@@ -3,11 +3,15 @@ bits as custom_kernel on the same 7-tuple, a new output with the documented stri
 torch.compile(fullgraph=True) and (on a GPU) replayed from a CUDA graph, torch.library.opcheck, and bad
 inputs refused naming the argument."""
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 import nvfp4lib
-from nvfp4lib import dispatch, ops
+from nvfp4lib import dispatch, ops, scaled_mm
+from nvfp4lib.caches import TupleCache
 from nvfp4lib.contract import NVFP4InputError, Shape, plain_strides
 from nvfp4lib.device import capabilities
 from nvfp4lib.paths import PATHS
@@ -125,6 +129,41 @@ def test_the_op_takes_the_dispatchers_path_with_the_same_bits(name):
         out = nvfp4lib.gemv(*_op_args(data))
         assert dispatch.decisions()[(data.a.shape, False)].path == name
         _exact_and_as_custom_kernel(out, data)
+
+
+@pytest.mark.parametrize("name", CPU_PATHS)
+def test_no_cache_keeps_the_ops_tuple(name):
+    """The op's 7-tuple is new on every call (plain scales derived, a new c): a cache entry for it would
+    never be hit again and would keep its tensors alive, the output among them."""
+    data = _fresh(Shape(256, 512, 2))
+    with dispatch.force(name):
+        for _ in range(3):
+            out = nvfp4lib.gemv(*_op_args(data))
+            _exact_and_as_custom_kernel(out, data)
+            assert not [cache for cache in gc.get_objects() if type(cache) is TupleCache
+                        and any(t is out for kept, _ in cache._entries.values() for t in kept)]
+            freed = weakref.ref(out)
+            del out
+            gc.collect()
+            assert freed() is None, "something keeps the op's output alive"
+
+
+def test_the_op_validates_once_per_call(monkeypatch):
+    """Its four tensors, once; neither the path (scaled_mm_permuted, the CPU's) nor its per-batch emulation again."""
+    data = _fresh(Shape(256, 512, 3))
+    nvfp4lib.gemv(*_op_args(data))  # plans the shape (its self-check validates its own inputs)
+    calls = []
+
+    def counted(real, what):
+        return lambda *args, **kwargs: calls.append(what) or real(*args, **kwargs)
+
+    monkeypatch.setattr(ops, "validate_op_input", counted(ops.validate_op_input, "op"))
+    monkeypatch.setattr(scaled_mm, "validate_gemv_input", counted(scaled_mm.validate_gemv_input, "path"))
+    monkeypatch.setattr(scaled_mm, "_check_scaled_mm_args", counted(scaled_mm._check_scaled_mm_args, "batch"))
+    for _ in range(2):
+        result = check(nvfp4lib.gemv(*_op_args(data)), data)
+        assert result.ok, result.message
+    assert calls == ["op", "op"]
 
 
 def test_the_op_compiles_in_a_module_holding_nvfp4_weights():

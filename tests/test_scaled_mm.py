@@ -378,3 +378,19 @@ def test_hardware_matches_emulation(shape):
         poison_(data.c)
         _assert_matches(_built(variant)(data), expected)
         assert scaled_mm.last_backend == scaled_mm.HARDWARE_BACKEND
+
+
+def test_a_gemv_checks_its_tuple_once_not_each_batchs_gemm_arguments(monkeypatch):
+    """The emulated GEMM of each batch runs on operands the 7-tuple's check made right: the public
+    emulation's argument checks run for its own callers, not once per batch."""
+    checked = []
+    real = scaled_mm._check_scaled_mm_args
+    monkeypatch.setattr(scaled_mm, "_check_scaled_mm_args", lambda *args: checked.append(1) or real(*args))
+    data, expected = _case(EXTRA_SHAPES[0], "leaderboard")
+    for variant in ("scaled_mm_reference", "scaled_mm_permuted", "scaled_mm_transposed"):
+        poison_(data.c)
+        _assert_matches(_built(variant)(data), expected)
+    assert checked == []
+    a, b = data.a[:, :, 0], data.b[:, :, 0]
+    scaled_mm.emulated_scaled_mm_fp4(a, b.T, to_blocked(data.sfa[:, :, 0]), to_blocked(data.sfb[:, :, 0]))
+    assert checked == [1]

@@ -31,7 +31,7 @@ from nvfp4lib.contract import validate_gemv_input
 from nvfp4lib.leaderboard.evaluate import evaluate, import_isolated
 from nvfp4lib.formats import unpack_fp4
 from nvfp4lib.layouts import to_permuted
-from nvfp4lib.problem import generate_input
+from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
 from nvfp4lib.leaderboard.export import (EXPORTS, GENERATED, TASK_IMPORT, ExportError, export_path, export_source,
                                          inline_objects, main, sections, write_submission)
@@ -166,7 +166,7 @@ def test_file_is_a_self_contained_leaderboard_entry(exported, name):
 
 def test_inlined_code_is_the_package_source(exported):
     source = exported["scaled_mm_transposed"].read_text()
-    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.blocked_scales, scaled_mm.emulated_scaled_mm_fp4):
+    for obj in (scaled_mm.gemv_scaled_mm_transposed, scaled_mm.blocked_scales, scaled_mm._emulate):
         assert inspect.getsource(obj) in source, f"{obj.__name__} is not inlined verbatim"
     assert "# nvfp4lib/scaled_mm.py" in source and "# nvfp4lib/layouts.py" in source
 
@@ -509,6 +509,18 @@ def test_self_check_catches_a_wrong_kernel_and_passes_a_right_one():
     assert fallback.self_check(scaled_mm.gemv_scaled_mm_permuted, "cpu") is None
     assert fallback.self_check(_ignores_sign, "cpu").startswith("wrong result at (m, k, l) = (128, 256, 2)")
     assert fallback.self_check(lambda data: data.c, "cpu").startswith("wrong result")  # c left as poisoned
+
+
+def test_self_check_covers_every_k_the_default_kernel_is_specialised_for_with_inputs_made_once(monkeypatch):
+    assert {k for _, k, _ in fallback.SELF_CHECK_SHAPES} >= {k for _, k, _ in BENCHMARK_SHAPES}
+    made = []
+    real = fallback.self_check_input
+    monkeypatch.setattr(fallback, "self_check_input", lambda *args: made.append(args) or real(*args))
+    fallback._self_check_input_on.cache_clear()
+    for kernel in (scaled_mm.gemv_scaled_mm_permuted, _ignores_sign, scaled_mm.gemv_scaled_mm_permuted):
+        fallback.self_check(kernel, "cpu")
+    assert made == [(*shape, torch.device("cpu")) for shape in fallback.SELF_CHECK_SHAPES]
+    assert fallback.self_check(_ignores_sign, torch.device("cpu")).startswith("wrong result")
 
 
 def _table(**kernels):
