@@ -49,8 +49,8 @@ from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, 
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
                                ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
-from nvfp4lib.cute.launch import (compile_artifact, compile_launch, compile_target, compiled_kernel, has_tvm_ffi,
-                                  leaderboard_tensors, resolve_decode)
+from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
+                                  resolve_decode)
 from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities
 
@@ -217,6 +217,14 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
     R, W, U = cfg.rows_per_warp, cfg.warps_per_block, cfg.unroll
     P = cfg.permuted_scales
 
+    @cute.jit
+    def next_step(group, step, steps_per_group, stride):
+        """(row group, step) after step ``step`` of row group ``group``: a warp's next row group starts at step 0."""
+        step = step + 1
+        if step == steps_per_group:
+            group, step = group + stride, Int32(0)
+        return group, step
+
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
         """Each warp walks its row groups (grid-stride) one step at a time, and loads step
@@ -250,21 +258,15 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
         # (pf_group, pf_step): the step prefetched into L2 last, `cfg.prefetch` steps ahead of the loads
         pf_group, pf_step = first, Int32(0)
         for _ in cutlass.range_constexpr(cfg.prefetch):
-            pf_step = pf_step + 1
-            if pf_step == steps_per_group:
-                pf_group, pf_step = pf_group + stride, Int32(0)
+            pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
             _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
         for t in range(n_steps):
             values = _stage_snapshot(stage)
-            load_step = load_step + 1
-            if load_step == steps_per_group:
-                load_group, load_step = load_group + stride, Int32(0)
+            load_group, load_step = next_step(load_group, load_step, steps_per_group, stride)
             _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), load_step * 32 * U + lane, n_chunks,
                          t + 1 < n_steps, R, U, cfg.a_load)
             if cutlass.const_expr(cfg.prefetch > 0):
-                pf_step = pf_step + 1
-                if pf_step == steps_per_group:
-                    pf_group, pf_step = pf_group + stride, Int32(0)
+                pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
                 _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
             if cutlass.const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(U):
@@ -526,27 +528,17 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
     cfg = _kernel_config(variant, cfg)
     decode = resolve_decode(arch, cfg.decode)
     if isinstance(cfg, NaiveConfig):
-        kernel = make_naive_kernel(decode == "hw")
-        threads, rows_per_block = NAIVE_THREADS, NAIVE_THREADS  # a thread per row
-        max_blocks = 1 << 30
-    elif isinstance(cfg, TiledConfig):
-        kernel = make_tiled_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = 1 << 30  # a block per tile
+        kernel, threads, rows_per_block = make_naive_kernel(decode == "hw"), NAIVE_THREADS, NAIVE_THREADS  # a row each
     else:
-        kernel = make_fast_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = sm_count() * cfg.blocks_per_sm
-    permuted = cfg.permuted_scales
+        make = make_tiled_kernel if isinstance(cfg, TiledConfig) else make_fast_kernel
+        kernel, threads, rows_per_block = make(cfg, decode), 32 * cfg.warps_per_block, cfg.rows_per_block
+    # the fast kernel's warps loop over row groups; the others have a block per tile of rows
+    max_blocks = sm_count() * cfg.blocks_per_sm if isinstance(cfg, FastConfig) else 1 << 30
 
-    @cute.jit
-    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
-               stream):
-        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted)
-        n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
-        kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
+    def grid(m, l):
+        return [cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks), 1, 1]
 
-    return compile_launch(launch, [Int64(0)] * 5 + [Int32(1)] * 3, arch, options, tvm_ffi)
+    return compile_gemv_launch(kernel, grid, threads, cfg.permuted_scales, arch, options, tvm_ffi)
 
 
 def check_launch_bounds(shape) -> None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
-from nvfp4lib.cute.launch import compile_launch, compile_target, compiled_kernel, leaderboard_tensors, resolve_decode
+from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
                                ld_global_v4_policy, smem_allocator)
 
@@ -267,17 +267,8 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
 
 
 def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm_ffi: bool | None = None):
-    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed.
-    Called like every kernel of `nvfp4lib.cute.gemv` (`gemv.launch_arguments`, the raw stream)."""
-    arch = compile_target(arch)
-    plan = plan_for(cfg, k)
+    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed."""
+    arch, plan = compile_target(arch), plan_for(cfg, k)
     kernel = make_whole_k_kernel(plan, cfg, resolve_decode(arch, cfg.decode))
-    rows, threads = plan.rows_per_block, plan.threads
-
-    @cute.jit
-    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
-               stream):
-        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, False)
-        kernel(a, b, sfa, sfb, c).launch(grid=[m // rows, l, 1], block=[threads, 1, 1], stream=stream)
-
-    return compile_launch(launch, [Int64(0)] * 5 + [Int32(k // 2)] + [Int32(1)] * 2, arch, options, tvm_ffi)
+    return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads, False, arch,
+                               options, tvm_ffi, example_kh=k // 2)
