@@ -1,35 +1,25 @@
 """CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel, and their host side.
 
-Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4
-decode is picked at compile time from the target (``resolve_decode``): Blackwell (sm_100a and
-newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so the fast
-kernel looks codes up in a byte table with ``prmt`` and multiplies with integer ``dp4a``, and
-the naive one (or ``decode="bitops"``) rebuilds fp16 bit patterns with integer operations. That
-arithmetic lives in `nvfp4lib.cute.decode`, the PTX instructions under it (loads, ``cvt``,
-``prmt``, ``dp4a``) in `nvfp4lib.cute.ptx`; this module holds what the kernels do with them.
-Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
+Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4 decode is
+picked per target when a kernel is compiled (`launch.resolve_decode`); the decodes and their block sums
+are in `nvfp4lib.cute.decode`, the PTX under them in `nvfp4lib.cute.ptx`: this module holds what the
+kernels do with them.
 
-Two fast kernels, picked per K by ``default_config``. The fast kernel proper gives each warp
-``rows_per_warp`` rows of one batch at a time (a "row group"; warps walk row groups grid-stride).
-The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so every load of A
-is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once
-per chunk and reused for all rows of the warp. The loads of the next step are issued before the
-math of the current one. Each 16-element block is summed exactly (packed fp16, or int32 with the
-lookup: see `nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the
-warp with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64
-contiguous bytes per warp load); the permuted tensor-core layout is an option, slower for this
-access pattern (docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a
-tile of consecutive rows of one batch, decodes that batch's B once into shared memory, and lets
-each warp stream its rows in address order, running on from one row into the next, so no step
-computes on padding whatever K.
+The fast kernel proper gives each warp ``rows_per_warp`` rows of one batch at a time (a "row group";
+warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale
+blocks), so every load of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a
+row. B is decoded once per chunk and reused for all rows of the warp. Each 16-element block is summed
+exactly (`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp
+with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous
+bytes per warp load); the permuted tensor-core layout is an option, slower for this access pattern
+(docs/cute_kernel_notes.md). `default_config` picks it, the tiled kernel (`TiledConfig`) or a per-K
+kernel (`nvfp4lib.cute.whole_k`) per K.
 
-The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an older or
-missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
-public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
-removed in 4.7.0, so the leaderboard ran 4.6.x or older; where these kernels cannot be built, the
-exported submissions fall back (nvfp4lib.leaderboard.export). They are called through TVM-FFI (integers
-and the raw stream handle, the cheapest host call) when apache-tvm-ffi is installed, and through
-the DSL's plain call path (``Int64``/``Int32`` arguments and a ``CUstream``) when it is not.
+The public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
+removed in 4.7.0, so the leaderboard ran 4.6.x or older (the kernels need 4.6.0, `device.MIN_CUTE_DSL`);
+where these kernels cannot be built, the exported submissions fall back (nvfp4lib.leaderboard.export).
+They are called through TVM-FFI (integers and the raw stream handle, the cheapest host call) where
+apache-tvm-ffi is installed, else through the DSL's plain call path (`launch_arguments`).
 """
 
 from __future__ import annotations
@@ -41,8 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.caches import TupleCache, is_validated_once
-from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of,
-                               validate_gemv_input)
+from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, decode_b_word, decode_b_word_as,
                                   decode_factor, decode_word_bitops, decode_word_hw, loads_xor, lut_table,
                                   lut_table_smem, scaled_b, store_lut_table)
@@ -124,11 +113,8 @@ class FastConfig(OneKernelForEveryK):
 
 
 def _make_staging(rows: int, unroll: int):
-    """Register buffers for one step's loads: A words and scales of R rows, B words and scales.
-
-    A step is U chunks of 16 bytes per lane. Keeping the loads in buffers lets the
-    pipelined kernel issue the next step's loads before it computes the current one.
-    """
+    """Register buffers for one step's loads (U chunks of 16 bytes per lane): A words and scales of R rows, B
+    words and scales, so that the kernel can issue the next step's loads before it computes the current one."""
     return (cute.make_rmem_tensor((rows * unroll * 4,), Int32), cute.make_rmem_tensor((rows * unroll,), cutlass.Int16),
             cute.make_rmem_tensor((unroll * 4,), Int32), cute.make_rmem_tensor((unroll,), cutlass.Int16))
 
@@ -181,12 +167,8 @@ def _prefetch_step(group, step, n_groups, n_chunks, lane, rows: int, unroll: int
 
 
 class _RowGroup:
-    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales.
-
-    Scales come from the plain [rows, K/16] layout (a lane's 2 scales sit next to its
-    neighbours', so a warp's scale load is 64 contiguous bytes) or from the permuted
-    tensor-core layout (2 bytes in each of 16 different 512-byte atoms per warp load).
-    """
+    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales: plain [rows, K/16] (a
+    warp's scale load is 64 contiguous bytes) or permuted (2 bytes in each of 16 512-byte atoms per warp load)."""
 
     def __init__(self, a, b, sfa, sfb, group, rows: int, permuted: bool):
         m_rows, kh = a.shape[0], a.shape[1]
@@ -298,14 +280,11 @@ STATIC_SMEM_BYTES = 48 * 1024  # shared memory a kernel may declare statically
 
 @dataclass(frozen=True)
 class TiledConfig(OneKernelForEveryK):
-    """Compile-time shape of the tiled kernel (one compiled variant per config).
-
-    A block owns ``rows_per_block`` consecutive rows of one batch (contiguous bytes of A) and
-    decodes that batch's B once into shared memory; each warp streams its share of the rows in
-    address order, ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
-    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is
-    sized for it at compile time.
-    """
+    """Compile-time shape of the tiled kernel (one compiled variant per config). A block owns ``rows_per_block``
+    consecutive rows of one batch (contiguous bytes of A) and decodes that batch's B once into shared memory;
+    each warp streams its share of the rows in address order, running on from one row into the next (no step
+    computes on padding, whatever K), ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
+    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is sized for it."""
 
     rows_per_block: int = 32
     warps_per_block: int = 8
@@ -492,14 +471,10 @@ and by leaderboard time, and faster there than the fast and tiled kernels."""
 
 
 def default_config(k: int) -> FastConfig | TiledConfig | WholeKConfig:
-    """The fast kernel's config for this K, as measured best on the H200.
-
-    At the K of `PER_K_DEFAULTS`, its per-K kernel. Elsewhere: WIDE reads longer runs of each row,
-    which the memory system serves better, but a step covers 64 chunks of 16 bytes; where K/32
-    chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its last step computes on
-    zeros. There the tiled kernel, whose warps run on from one row into the next, is faster (up to
-    TILED.max_k; WIDE beyond).
-    """
+    """The fast kernel's config for this K, as measured best on the H200: at the K of `PER_K_DEFAULTS`, its per-K
+    kernel. Elsewhere WIDE reads longer runs of each row, which the memory system serves better, but a step
+    covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its
+    last step computes on zeros, and the tiled kernel is faster (up to TILED.max_k; WIDE beyond)."""
     if k in PER_K_DEFAULTS:
         return PER_K_DEFAULTS[k]
     return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 or k > TILED.max_k else TILED
@@ -512,16 +487,10 @@ def sm_count() -> int:
 
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
                  options: str = "", tvm_ffi: bool | None = None):
-    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
-
-    "fast" builds the kernel of the config's class: the fast kernel of a `FastConfig`, the tiled
-    kernel of a `TiledConfig` (the naive one of a `NaiveConfig`); "naive" the naive kernel with
-    ``cfg``'s decode.
-
-    ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them). ``tvm_ffi``: compile
-    for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
-    apache-tvm-ffi is installed.
-    """
+    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed. "fast" builds the
+    kernel of the config's class (`FastConfig`, `TiledConfig`, `NaiveConfig`), "naive" the naive kernel with
+    ``cfg``'s decode. ``options``, ``tvm_ffi``: as `launch.compile_launch`'s (`launch_arguments` says what each
+    kind of call takes)."""
     if variant not in ("fast", "naive"):
         raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
     arch = compile_target(arch)
@@ -591,13 +560,10 @@ def compile_cubin(variant: str = "fast", arch: str = "sm_100a",
 
 
 class CuteGemv:
-    """A compiled kernel bound to this GPU, called with the leaderboard tuple.
-
-    ``cfg=None`` (the fast variant's default) picks ``default_config(K)`` per input. The
-    per-call host path is kept to a dict lookup and one call of the compiled kernel (through
-    TVM-FFI with integer arguments where apache-tvm-ffi is installed): inputs are validated once
-    per input tuple and their launch arguments and kernel remembered with it (``TupleCache``).
-    """
+    """A compiled kernel bound to this GPU, called with the leaderboard tuple; ``cfg=None`` (the fast variant's
+    default) picks ``default_config(K)`` per input. The per-call host path is a dict lookup and one call of the
+    compiled kernel: inputs are validated once per input tuple, and their launch arguments and kernel remembered
+    with it (``TupleCache``)."""
 
     def __init__(self, variant: str = "fast", cfg: FastConfig | TiledConfig | WholeKConfig | None = None,
                  cache_entries: int = 4):
@@ -664,11 +630,8 @@ _runners: dict[tuple, CuteGemv] = {}
 
 
 def gemv_cute(data, variant: str = "fast", cfg: FastConfig | TiledConfig | None = None, stream=None) -> torch.Tensor:
-    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c.
-
-    Kernels are compiled once per (variant, config) and kept; ``cfg=None`` picks the default
-    config for the input's K (``default_config``).
-    """
+    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c. Kernels are
+    compiled once per (variant, config) and kept; ``cfg=None`` picks ``default_config`` for the input's K."""
     runner = _runners.get((variant, cfg))
     if runner is None:
         runner = _runners[variant, cfg] = CuteGemv(variant, cfg)
