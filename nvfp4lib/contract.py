@@ -141,15 +141,12 @@ def shape_of(data) -> Shape:
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCALE_TILE_ROWS,
                         need_k_multiple: int = BLOCK_SIZE * SCALE_TILE_COLS,
                         check_storage: bool = True):
-    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
-
-    `check_storage=False` skips strides and alignment, for code that indexes the tensors
-    (the reference) rather than reading raw pointers. Always refused: a `c` that requires grad or
-    cannot be written in place here (an inference tensor outside inference mode), a zero M, K or
-    L, and a `c` that shares memory with an input (the byte ranges of their storages overlap, e.g. c is
-    a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
-    what a kernel writes through raw pointers elsewhere cannot be detected.
-    """
+    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape. `check_storage=False`
+    skips strides and alignment, for code that indexes the tensors (the reference) rather than reading raw pointers.
+    Always refused: a `c` that requires grad or cannot be written in place here (an inference tensor outside
+    inference mode), a zero M, K or L, and a `c` that shares memory with an input (the byte ranges of their storages
+    overlap, e.g. c is a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
+    what a kernel writes through raw pointers elsewhere cannot be detected."""
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
         raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")

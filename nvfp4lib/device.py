@@ -42,11 +42,9 @@ class Capabilities:
 
 
 def _probe_fp4_gemm() -> str | None:
-    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised.
-
-    cuBLAS refuses it below sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too,
-    and the message is kept so that whoever skips or falls back can say why.
-    """
+    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised. cuBLAS refuses it below
+    sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too, and the message is kept so that whoever
+    skips or falls back can say why."""
     try:
         dev = "cuda"
         a = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)

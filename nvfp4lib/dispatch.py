@@ -64,11 +64,9 @@ def shape_class(shape) -> str:
 
 @dataclass
 class Table:
-    """Measured choices of one GPU model (made by `nvfp4lib.bench.calibration.calibrate`).
-
-    ``entries``: shape class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]};
-    ``skipped``: path -> why it was not timed (not available here, or a wrong result).
-    """
+    """Measured choices of one GPU model (made by `nvfp4lib.bench.calibration.calibrate`). ``entries``: shape
+    class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]}; ``skipped``: path -> why it was
+    not timed (not available here, or a wrong result)."""
     device: str
     sm: str | None
     entries: dict = field(default_factory=dict)

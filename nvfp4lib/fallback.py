@@ -39,13 +39,10 @@ SELF_CHECK_SEED = 20250
 
 
 def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = False) -> GemvInput:
-    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector,
-    and the E4M3 scales `generate_input` draws in full mode (zeros, subnormals, up to 448).
-
-    The scales' sign bits are cleared unless ``signed_scales``: cuBLAS reads NVFP4 block scales as
-    unsigned UE4M3 (the sign bit is ignored) and the leaderboard's scales are never negative, so
-    every path is held to the inputs it can be given.
-    """
+    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector, and the E4M3
+    scales `generate_input` draws in full mode (zeros, subnormals, up to 448). The scales' sign bits are cleared
+    unless ``signed_scales``: cuBLAS reads NVFP4 block scales as unsigned UE4M3 (the sign bit is ignored) and the
+    leaderboard's scales are never negative, so every path is held to the inputs it can be given."""
     a, b, sfa, sfb, _, _, c = generate_input(m, k, l, seed=SELF_CHECK_SEED, mode="full", device=device)
     every_byte = torch.arange(256, dtype=torch.uint8, device=device)
     a.view(torch.uint8)[:128, :2, 0] = every_byte.view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
@@ -113,13 +110,10 @@ def _where(device) -> str:
 
 def first_working(candidates, build: Callable[[str], Callable], device, *,
                   unavailable: Callable[[str], str | None] | None = None, checked: dict | None = None) -> Choice:
-    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)``
-    is None), builds (``build(name)``) and passes `self_check` on `device`.
-
-    ``checked`` (name -> None or why it failed) remembers the verdicts between calls: a path found
-    failing is passed over again without being built, one found working is not checked again.
-    Logs what it passed over and what it chose (see the module's docstring).
-    """
+    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)`` is None), builds
+    (``build(name)``) and passes `self_check` on `device`. ``checked`` (name -> None or why it failed) remembers the
+    verdicts between calls: a path found failing is passed over again without being built, one found working is not
+    checked again. Logs what it passed over and what it chose (see the module's docstring)."""
     passed: list[PassedOver] = []
     recalled: set[str] = set()  # failures found by an earlier call: logged then
     chosen, kernel = None, None

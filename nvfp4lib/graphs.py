@@ -31,15 +31,12 @@ CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the fu
 
 
 class GraphedGemv:
-    """``GraphedGemv(fn)(data)`` computes ``fn(data)`` by replaying a CUDA graph of it.
-
-    ``fn`` takes the 7-tuple, writes c and returns it (any GEMV here). The first call for a
-    given set of tensors warms ``fn`` up and captures it (slow: milliseconds, with a device
-    synchronize); later calls with the same tensors replay. Up to ``max_graphs`` graphs are kept,
-    each with its own memory pool for the temporaries ``fn`` allocates (the least recently used
-    is dropped). Without CUDA, for inputs on the CPU (`note`) and for a tuple made for one call alone
-    (`caches.validated_once`: its graph would never be replayed), calls go straight to ``fn``.
-    """
+    """``GraphedGemv(fn)(data)`` computes ``fn(data)`` by replaying a CUDA graph of it. ``fn`` takes the 7-tuple,
+    writes c and returns it (any GEMV here). The first call for a given set of tensors warms ``fn`` up and captures
+    it (slow: milliseconds, with a device synchronize); later calls with the same tensors replay. Up to
+    ``max_graphs`` graphs are kept, each with its own memory pool for the temporaries ``fn`` allocates (the least
+    recently used is dropped). Without CUDA, for inputs on the CPU (`note`) and for a tuple made for one call alone
+    (`caches.validated_once`: its graph would never be replayed), calls go straight to ``fn``."""
 
     def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 4):
         if warmup < 1:

@@ -69,13 +69,11 @@ def _resolved_device(device) -> torch.device:
 
 
 class StreamPool:
-    """``n`` CUDA streams and the events that join them to a caller, created once and reused.
-
-    One pool serves one host thread at a time (its events are reused by every call). PyTorch hands out
-    ``torch.cuda.Stream()`` round-robin from a fixed set per device (32 per priority), so the n <= 32 streams
-    of one pool are distinct, though pools may share streams with each other (harmless: the events order the
-    work either way). Without CUDA, or with ``device="cpu"``, it holds no streams (`run_batches` is sequential).
-    """
+    """``n`` CUDA streams and the events that join them to a caller, created once and reused. One pool serves one
+    host thread at a time (its events are reused by every call). PyTorch hands out ``torch.cuda.Stream()``
+    round-robin from a fixed set per device (32 per priority), so the n <= 32 streams of one pool are distinct,
+    though pools may share streams with each other (harmless: the events order the work either way). Without CUDA, or
+    with ``device="cpu"``, it holds no streams (`run_batches` is sequential)."""
 
     def __init__(self, n: int, device=None):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:

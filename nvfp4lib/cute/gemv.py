@@ -511,11 +511,9 @@ def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig
 
 
 def check_launch_bounds(shape) -> None:
-    """Refuse a shape whose row count or B batch stride would overflow the kernels' 32-bit integers.
-
-    Every 32-bit quantity of a launch is bounded by M * L or by B_ROWS * K/2 (B's and its scales' batch
-    strides, B padded to 128 rows); addresses inside a batch are 64-bit. Checked on the host, once per input.
-    """
+    """Refuse a shape whose row count or B batch stride would overflow the kernels' 32-bit integers. Every 32-bit
+    quantity of a launch is bounded by M * L or by B_ROWS * K/2 (B's and its scales' batch strides, B padded to 128
+    rows); addresses inside a batch are 64-bit. Checked on the host, once per input."""
     m, k, l = shape
     if m * l > MAX_ROWS:
         raise NVFP4InputError(f"a: expected M * L <= {MAX_ROWS} (the CuTe kernels count rows over all batches in "

@@ -19,11 +19,9 @@ def _gmem_tensor(dtype, address, shape, stride, align: int):
 
 
 def leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales: bool):
-    """CuTe views of the five tensors from their addresses, K/2, M and L.
-
-    The call passes plain integers only (TVM-FFI converts those far faster than tensors).
-    The strides are the documented ones, which the caller validated once per input.
-    """
+    """CuTe views of the five tensors from their addresses, K/2, M and L. The call passes plain integers only
+    (TVM-FFI converts those far faster than tensors). The strides are the documented ones, which the caller validated
+    once per input."""
     u8 = cutlass.Uint8
     a = _gmem_tensor(u8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
     b = _gmem_tensor(u8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
