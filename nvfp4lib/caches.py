@@ -1,6 +1,6 @@
-"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors,
-and the keys that say when a set of tensors is the same: `memory_key` (the memory they are, what a
-CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)."""
+"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors, and the
+keys that say when a set of tensors is the same: `memory_key` (the memory they are, what a CUDA graph replays)
+and `TupleCache.key` (those tensor objects, as they are now)."""
 
 from __future__ import annotations
 

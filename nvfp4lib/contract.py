@@ -1,7 +1,7 @@
 """The GEMV's input contract, and the checks that hold every caller to it.
 
-The leaderboard hands ``custom_kernel`` a 7-tuple; this module is the one place that says what
-it holds. Per batch l (the last dimension of every tensor), with K/16 scale blocks:
+The leaderboard hands ``custom_kernel`` a 7-tuple; this module is the one place that says what it holds. Per
+batch l (the last dimension of every tensor), with K/16 scale blocks:
 
 * ``a`` [M, K/2, L] float4_e2m1fn_x2: two E2M1 codes per byte, the even element in the low nibble;
 * ``b`` [128, K/2, L]: the vector is row 0, rows 1..127 are padding (so torch._scaled_mm
@@ -12,12 +12,11 @@ it holds. Per batch l (the last dimension of every tensor), with K/16 scale bloc
   cuBLAS's blocked buffers (nvfp4lib.layouts converts);
 * ``c`` [M, 1, L] float16: the output, written by the kernel.
 
-Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a
-contiguous (L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor
-with the right shape but other strides would silently compute garbage; `validate_gemv_input`
-turns that into an error that names the argument, and `validate_op_input` holds the op's four
-tensors (``nvfp4lib.ops.gemv``) to the same rules. Nothing here imports the rest of the package.
-"""
+Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a contiguous
+(L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor with the right shape but
+other strides would silently compute garbage; `validate_gemv_input` turns that into an error that names the
+argument, and `validate_op_input` holds the op's four tensors (``nvfp4lib.ops.gemv``) to the same rules.
+Nothing here imports the rest of the package."""
 
 from __future__ import annotations
 

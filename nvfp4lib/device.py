@@ -1,8 +1,7 @@
 """What this machine can run, found by probing (never by guessing from a GPU name).
 
-Notebooks and tests branch on these facts: the real FP4 GEMM only exists on sm_100+,
-hardware E2M1 conversion likewise, and the CuTe DSL may or may not be installed.
-"""
+Notebooks and tests branch on these facts: the real FP4 GEMM only exists on sm_100+, hardware E2M1 conversion
+likewise, and the CuTe DSL may or may not be installed."""
 
 from __future__ import annotations
 

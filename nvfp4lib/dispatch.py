@@ -11,21 +11,20 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
-Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, builds and
-passes the self-check (`fallback.first_working`, as in the exported files). A path that fails it is never
-used again by this dispatcher; a later call that raises (an input a path refuses) changes nothing.
-`explain` and `decisions` say what and why. For experiments a path can be forced by name
-(``with force("scaled_mm_permuted"): ...`` or the environment variable NVFP4_PATH): built as it is, with
-no self-check and no fallback. With ``check_scales`` (`Dispatcher`) every call first checks that the
-two copies of the scales agree (`layouts.check_scale_copies`).
+Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, builds and passes
+the self-check (`fallback.first_working`, as in the exported files). A path that fails it is never used again
+by this dispatcher; a later call that raises (an input a path refuses) changes nothing. `explain` and
+`decisions` say what and why. For experiments a path can be forced by name
+(``with force("scaled_mm_permuted"): ...`` or the environment variable NVFP4_PATH): built as it is, with no
+self-check and no fallback. With ``check_scales`` (`Dispatcher`) every call first checks that the two copies
+of the scales agree (`layouts.check_scale_copies`).
 
-The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for an
-independent set of choices. Cost per call: after the first call of a shape, a context-variable read, one
-read of the environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one dictionary lookup keyed
-by (a.shape, a.is_cuda, what forces a path) and the path's own call, which validates its input
-(`Dispatcher.run_validated`: for a tuple its caller validated, the op's). The first call of a shape builds
-and self-checks a path: make it before capturing a CUDA graph.
-"""
+The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for an independent
+set of choices. Cost per call: after the first call of a shape, a context-variable read, one read of the
+environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one dictionary lookup keyed by (a.shape,
+a.is_cuda, what forces a path) and the path's own call, which validates its input (`Dispatcher.run_validated`:
+for a tuple its caller validated, the op's). The first call of a shape builds and self-checks a path: make it
+before capturing a CUDA graph."""
 
 from __future__ import annotations
 

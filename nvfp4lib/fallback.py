@@ -1,18 +1,16 @@
 """Which path runs: the one fallback chooser of the dispatcher and of the exported files, and its self-check.
 
-`first_working(candidates, build, device)` takes paths in order and returns the first that can run
-here, builds, and computes small full-range inputs (`self_check_input`) right: within the
-leaderboard's tolerance of the exact reference, every element written. The dispatcher calls it when
-it plans a shape, an exported file (`nvfp4lib.leaderboard.runtime`) once at import, each with its
-first path followed by the rest of `paths.FALLBACK_ORDER`: on one machine they run the same kernel.
+`first_working(candidates, build, device)` takes paths in order and returns the first that can run here,
+builds, and computes small full-range inputs (`self_check_input`) right: within the leaderboard's tolerance of
+the exact reference, every element written. The dispatcher calls it when it plans a shape, an exported file
+(`nvfp4lib.leaderboard.runtime`) once at import, each with its first path followed by the rest of
+`paths.FALLBACK_ORDER`: on one machine they run the same kernel.
 
 A path that cannot run here (the CuTe kernel without a GPU) is information, logged at INFO:
-``cute_fast cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using
-scaled_mm_permuted``. A path that could run here but does not build, raises in its self-check or
-computes a wrong result is a failure, logged as a WARNING; the choice at INFO (``self-check ok:
-<path> on <device>``). With a `checked` dictionary (the dispatcher keeps one) a path that failed is
-never tried again. What a real call raises later does not change the choice: it is the caller's.
-"""
+``cute_fast cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using scaled_mm_permuted``. A
+path that could run here but does not build, raises in its self-check or computes a wrong result is a failure,
+logged as a WARNING; the choice at INFO (``self-check ok: <path> on <device>``). What a real call raises later
+does not change the choice: it is the caller's."""
 
 from __future__ import annotations
 

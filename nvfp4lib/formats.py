@@ -1,8 +1,7 @@
 """The NVFP4 number formats: E2M1 codes, E4M3 block scales, and the two-level recipe.
 
-Everything works on uint8 bit patterns because PyTorch's ``float4_e2m1fn_x2`` dtype
-supports almost no arithmetic; a byte view is free, so the helpers stay device-agnostic.
-"""
+Everything works on uint8 bit patterns because PyTorch's ``float4_e2m1fn_x2`` dtype supports almost no
+arithmetic; a byte view is free, so the helpers stay device-agnostic."""
 
 from __future__ import annotations
 

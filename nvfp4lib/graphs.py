@@ -1,21 +1,19 @@
 """Capture a GEMV call into a CUDA graph once, then replay it: one launch for any number of kernels.
 
-A call that launches several kernels (a GEMM and a copy per batch, or a stream pool's forks
-and joins) pays the host cost of each launch every time. A CUDA graph records the whole
-sequence once and replays it with a single launch, which can only help when the host, not the
-GPU, is the bottleneck, as it is for short calls timed one at a time.
+A call that launches several kernels (a GEMM and a copy per batch, or a stream pool's forks and joins) pays
+the host cost of each launch every time. A CUDA graph records the whole sequence once and replays it with a
+single launch, which can only help when the host, not the GPU, is the bottleneck, as it is for short calls
+timed one at a time.
 
-A graph replays the exact kernels it recorded, with the exact pointers: it is valid for one layout
-of memory (`caches.memory_key`: data addresses, shapes, strides, dtypes, devices); values changed in
-place are picked up, new tensors need a new capture. `GraphedGemv` keeps a few graphs by that key
-(a few microseconds of host time per call to build) and captures again when it changes.
+A graph replays the exact kernels it recorded, with the exact pointers: it is valid for one layout of memory
+(`caches.memory_key`: data addresses, shapes, strides, dtypes, devices; a few microseconds of host time per
+call to build); values changed in place are picked up, new tensors need a new capture.
 
-Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times
-on a side stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the
-kernels' own caches) happens outside the capture; the capture itself runs on that same side
-stream. A replay is queued on the caller's current stream, so it is ordered with the caller's
-work like any kernel. Nothing inside the function may synchronize with the host.
-"""
+Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times on a side
+stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the kernels' own caches)
+happens outside the capture; the capture itself runs on that same side stream. A replay is queued on the
+caller's current stream, so it is ordered with the caller's work like any kernel. Nothing inside the function
+may synchronize with the host."""
 
 from __future__ import annotations
 

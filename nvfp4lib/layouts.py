@@ -1,10 +1,9 @@
 """Scale-factor layouts: plain [MN, K/16, L], the "permuted" 6-D view, cuBLAS 128x4 blocked.
 
-Blackwell's block-scaled MMA reads scales in 512-byte atoms: 128 rows x 4 scale columns
-(64 K elements), byte (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4). The permuted 6-D
-tensor [32, 4, rest_m, 4, rest_k, L] is a view of exactly those bytes, and per batch they
-are the same bytes, in the same order, as cuBLAS's blocked buffer; hence the free views below.
-"""
+Blackwell's block-scaled MMA reads scales in 512-byte atoms: 128 rows x 4 scale columns (64 K elements), byte
+(i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4). The permuted 6-D tensor [32, 4, rest_m, 4, rest_k, L] is a
+view of exactly those bytes, and per batch they are the same bytes, in the same order, as cuBLAS's blocked
+buffer; hence the free views below."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The batched NVFP4 GEMV problem: shapes, byte counts, and the input generator.
 
-generate_input builds the leaderboard's 7-tuple with exactly its shapes, dtypes and strides,
-but (in the default "full" mode) with data that exercises every E2M1 code in both nibbles
-and, given enough scale blocks, every finite E4M3 scale in both sfa and sfb, which the
-leaderboard's own data does not.
-"""
+generate_input builds the leaderboard's 7-tuple with exactly its shapes, dtypes and strides, but
+(in the default "full" mode) with data that exercises every E2M1 code in both nibbles and, given enough scale
+blocks, every finite E4M3 scale in both sfa and sfb, which the leaderboard's own data does not."""
 
 from __future__ import annotations
 

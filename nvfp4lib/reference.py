@@ -1,10 +1,9 @@
 """Independent reference for the GEMV and a checker that explains what went wrong.
 
-The reference is exact: every E2M1 value is n/2 with n an integer (|n| <= 12) and every finite E4M3
-scale is n * 2^-9 (|n| <= 448 * 2^9), so every term of the sum is an integer multiple of 2^-20 and
-the whole dot product is an int64 sum, converted and rounded to float32 once. It decodes with the
-tables of `formats`; its integer arithmetic shares nothing with any kernel's.
-"""
+The reference is exact: every E2M1 value is n/2 with n an integer (|n| <= 12) and every finite E4M3 scale is
+n * 2^-9 (|n| <= 448 * 2^9), so every term of the sum is an integer multiple of 2^-20 and the whole dot
+product is an int64 sum, converted and rounded to float32 once. It decodes with the tables of `formats`; its
+integer arithmetic shares nothing with any kernel's."""
 
 from __future__ import annotations
 

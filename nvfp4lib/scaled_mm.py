@@ -1,8 +1,8 @@
 """The GEMV as a cuBLAS FP4 GEMM: ``torch._scaled_mm`` and ``torch.nn.functional.scaled_mm``.
 
 The leaderboard's reference pads the vector B to 128 rows and calls
-``torch._scaled_mm(a_l, b_l.T, scale_a, scale_b, out_dtype=float16)``, i.e. a block-scaled
-GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorch checks it:
+``torch._scaled_mm(a_l, b_l.T, scale_a, scale_b, out_dtype=float16)``, i.e. a block-scaled GEMM
+[M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorch checks it:
 
 * operands ``float4_e2m1fn_x2`` (two E2M1 codes per byte, K/2 elements along K); ``mat1``
   row-major [rows, K/2], ``mat2`` column-major [K/2, cols] (the ``.T`` of a row-major tensor);
@@ -13,11 +13,10 @@ GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorc
   the recipe "BlockWise1x16" with swizzle "SWIZZLE_32_4_4" of the functional API);
 * the output [rows(mat1), cols(mat2)] in the requested dtype, accumulated in fp32.
 
-Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED,
-and the CPU has no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the
-same operands and the same BLOCKED scale buffers, so the layout code is tested everywhere.
-Which backend ran is recorded in `last_backend`.
-"""
+Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED, and the CPU has
+no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the same operands and the same
+BLOCKED scale buffers, so the layout code is tested everywhere. Which backend ran is recorded in
+`last_backend`."""
 
 from __future__ import annotations
 

@@ -1,18 +1,18 @@
 """Spread the L batches of one GEMV call over a few CUDA streams, joined back before return.
 
 A per-batch kernel that cannot fill the GPU on its own (one batch of a small shape, a cuBLAS GEMM with few
-tiles) may overlap with the next batch's when the two run on different streams. The price is host time:
-every stream used costs an event wait, a stream switch and an event record per call, and the leaderboard
-times each call on its own, so that cost is part of the score.
+tiles) may overlap with the next batch's when the two run on different streams. The price is host time: every
+stream used costs an event wait, a stream switch and an event record per call, and the leaderboard times each
+call on its own, so that cost is part of the score.
 
-Ordering with the caller. Work queued before the call on the caller's current stream (say, the inputs
-being written) must finish before any pool stream reads the inputs, and work queued after the call on the
-caller's stream must see c written. So `StreamPool.run` (behind `run_batches` and the transposed
+Ordering with the caller. Work queued before the call on the caller's current stream
+(say, the inputs being written) must finish before any pool stream reads the inputs, and work queued after the
+call on the caller's stream must see c written. So `StreamPool.run` (behind `run_batches` and the transposed
 `_scaled_mm` GEMV) records one event on the caller's stream that every pool stream waits on before its
-batches, records one event on each pool stream after its batches, and makes the caller's stream wait on
-all of them before it returns. Nothing waits on the host (no synchronize): the call returns as soon as the
-work is queued, and the result is safe to use on the caller's stream, exactly like a single kernel. This
-fork/join pattern is also legal inside CUDA graph capture, so a graph can record it.
+batches, records one event on each pool stream after its batches, and makes the caller's stream wait on all of
+them before it returns. Nothing waits on the host (no synchronize): the call returns as soon as the work is
+queued, and the result is safe to use on the caller's stream, exactly like a single kernel. This fork/join
+pattern is also legal inside CUDA graph capture, so a graph can record it.
 
 Memory (PyTorch's caching allocator). A block is handed out again as soon as its tensor is freed on the
 host, to later work on the stream that allocated it; that is only safe for work ordered after every use:
@@ -28,9 +28,8 @@ State that a per-batch function creates lazily and keeps (a lookup table made on
 inside a pool stream on the first call, could be read by other pool streams before it is written: call
 the function once on the caller's stream first (a warm-up).
 
-Without CUDA (or for inputs on the CPU) the batches run one after another through the same per-batch
-function, so the splitting logic is exercised everywhere.
-"""
+Without CUDA (or for inputs on the CPU) the batches run one after another through the same per-batch function,
+so the splitting logic is exercised everywhere."""
 
 from __future__ import annotations
 

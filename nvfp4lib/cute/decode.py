@@ -12,11 +12,10 @@ Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is co
   times 2^-14 (`decode_word_bitops`).
 
 A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or in int32
-(`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is folded into B's
-block scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers: a kernel calls them
-while it is traced, so they emit their instructions inline; the study wing (`nvfp4lib.study.decode_models`)
-models each of them bit for bit in numpy.
-"""
+(`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is folded into B's block
+scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers: a kernel calls them while it is
+traced, so they emit their instructions inline; the study wing (`nvfp4lib.study.decode_models`) models each of
+them bit for bit in numpy."""
 
 from __future__ import annotations
 

@@ -1,26 +1,24 @@
 """CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel, and their host side.
 
-Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4 decode is
-picked per target when a kernel is compiled (`launch.resolve_decode`); the decodes and their block sums
-are in `nvfp4lib.cute.decode`, the PTX under them in `nvfp4lib.cute.ptx`: this module holds what the
-kernels do with them.
+Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4 decode is picked per
+target when a kernel is compiled (`launch.resolve_decode`); the decodes and their block sums are in
+`nvfp4lib.cute.decode`, the PTX under them in `nvfp4lib.cute.ptx`: this module holds what the kernels do with
+them.
 
-The fast kernel proper gives each warp ``rows_per_warp`` rows of one batch at a time (a "row group";
-warps walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale
-blocks), so every load of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a
-row. B is decoded once per chunk and reused for all rows of the warp. Each 16-element block is summed
-exactly (`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp
-with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous
-bytes per warp load); the permuted tensor-core layout is an option, slower for this access pattern
-(docs/cute_kernel_notes.md). `default_config` picks it, the tiled kernel (`TiledConfig`) or a per-K
-kernel (`nvfp4lib.cute.whole_k`) per K.
+The fast kernel proper gives each warp ``rows_per_warp`` rows of one batch at a time (a "row group"; warps
+walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so
+every load of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded
+once per chunk and reused for all rows of the warp. Each 16-element block is summed exactly
+(`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp with shuffles,
+and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load);
+the permuted tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
+`default_config` picks it, the tiled kernel (`TiledConfig`) or a per-K kernel (`nvfp4lib.cute.whole_k`) per K.
 
-The public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
-removed in 4.7.0, so the leaderboard ran 4.6.x or older (the kernels need 4.6.0, `device.MIN_CUTE_DSL`);
-where these kernels cannot be built, the exported submissions fall back (nvfp4lib.leaderboard.export).
-They are called through TVM-FFI (integers and the raw stream handle, the cheapest host call) where
-apache-tvm-ffi is installed, else through the DSL's plain call path (`launch_arguments`).
-"""
+The public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL removed
+in 4.7.0, so the leaderboard ran 4.6.x or older (the kernels need 4.6.0, `device.MIN_CUTE_DSL`); where these
+kernels cannot be built, the exported submissions fall back (nvfp4lib.leaderboard.export). They are called
+through TVM-FFI (integers and the raw stream handle, the cheapest host call) where apache-tvm-ffi is
+installed, else through the DSL's plain call path (`launch_arguments`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Compiling and launching the CuTe kernels, shared by every kernel family (`gemv`, `whole_k`) and the
-streaming read: the target and its decode, TVM-FFI or plain calls, and the kernels' view of the
-leaderboard's tensors from raw addresses."""
+streaming read: the target and its decode, TVM-FFI or plain calls, and the kernels' view of the leaderboard's
+tensors from raw addresses."""
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
 """The CuTe DSL, imported once, and the PTX instructions the CuTe kernels use, as DSL ops.
 
-The DSL is optional: the rest of the package works without it. It is imported here, guarded, and the
-other CuTe modules take its names from this module, so there is one place that says whether it is there
-and new enough (`DSL_PROBLEM`; the kernels need nvidia-cutlass-dsl 4.6.0 or newer, `device.MIN_CUTE_DSL`).
+The DSL is optional: the rest of the package works without it. It is imported here, guarded, and the other
+CuTe modules take its names from this module, so there is one place that says whether it is there and new
+enough (`DSL_PROBLEM`; the kernels need nvidia-cutlass-dsl 4.6.0 or newer, `device.MIN_CUTE_DSL`).
 
-Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it takes
-the caller's source location, so compiler diagnostics point at the kernel line that called it). Called
-from inside a ``@cute.kernel``, an op is traced inline: it emits exactly the PTX written here and nothing
-else, so the kernels choose every load and conversion instruction themselves. The ops take and return
-the DSL's 32-bit registers (``Int32``, ``Float32``), whatever the PTX types inside. ISA facts they rely
-on are modelled, and checked on any machine, in `nvfp4lib.study.decode_models`.
-"""
+Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it takes the
+caller's source location, so compiler diagnostics point at the kernel line that called it). Called from inside
+a ``@cute.kernel``, an op is traced inline: it emits exactly the PTX written here and nothing else, so the
+kernels choose every load and conversion instruction themselves. The ops take and return the DSL's 32-bit
+registers (``Int32``, ``Float32``), whatever the PTX types inside. ISA facts they rely on are modelled, and
+checked on any machine, in `nvfp4lib.study.decode_models`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Per-K CuTe kernels: one compiled kernel per K, the whole of K of a few rows in one short-lived block.
 
 The fast and tiled kernels of `nvfp4lib.cute.gemv` walk K in a loop whose bounds are runtime values, and a
-warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is compiled for each K
-it meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive rows of one batch and the whole
-of their K (`WholeKPlan`). Every thread issues all of its loads at once (its 16-byte chunks of A for each of
-its rows, and the same chunks of B), then computes and exits, as the fastest streaming read does: no loop
+warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is compiled for each K it
+meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive rows of one batch and the whole of
+their K (`WholeKPlan`). Every thread issues all of its loads at once (its 16-byte chunks of A for each of its
+rows, and the same chunks of B), then computes and exits, as the fastest streaming read does: no loop
 bookkeeping, every address an immediate offset from one base, the block gone as soon as its rows are written.
 
 * The ``threads_per_row`` threads that share a row take its 16-byte chunks t, t + P, t + 2P, ...
