@@ -1,6 +1,6 @@
-"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors,
-and the keys that say when a set of tensors is the same: `memory_key` (the memory they are, what a
-CUDA graph replays) and `TupleCache.key` (those tensor objects, as they are now)."""
+"""What a GEMV prepares for a set of input tensors, remembered for the next call on the same tensors, and the
+keys that say when a set of tensors is the same: `memory_key` (the memory they are, what a CUDA graph replays)
+and `TupleCache.key` (those tensor objects, as they are now)."""
 
 from __future__ import annotations
 
@@ -37,20 +37,16 @@ def memory_key(data) -> tuple:
 
 
 class TupleCache:
-    """What was prepared for the last few inputs (validation, views, raw addresses), keyed on
-    the tensors themselves.
-
-    A GEMV called again on the same tensors skips that work. The key holds, for every tensor,
-    all that the prepared data depends on: the object (its id), data address, shape, strides,
-    dtype, device and whether it requires grad (validation refuses a c that does), and whether
-    inference mode is on (validation refuses an inference c outside it). The container
-    is not part of it, so a tuple and a list of the same tensors share an entry, and a list whose
-    items are replaced, or a tensor re-pointed in place (``set_``, ``.data = ...``,
-    ``as_strided_``), is prepared again. An entry holds its tensors, so their ids cannot be reused
-    while it lives, and a hit means every remembered address is where each tensor's data is now.
-    Values are not in the key (c is written by every call): nothing prepared here may depend on
-    them. Per call: 7 reads of each tensor and one dict lookup, a few microseconds of host time and no device work.
-    """
+    """What was prepared for the last few inputs (validation, views, raw addresses), keyed on the tensors themselves.
+    A GEMV called again on the same tensors skips that work. The key holds, for every tensor, all that the prepared
+    data depends on: the object (its id), data address, shape, strides, dtype, device and whether it requires grad
+    (validation refuses a c that does), and whether inference mode is on (validation refuses an inference c outside
+    it). The container is not part of it, so a tuple and a list of the same tensors share an entry, and a list whose
+    items are replaced, or a tensor re-pointed in place (``set_``, ``.data = ...``, ``as_strided_``), is prepared
+    again. An entry holds its tensors, so their ids cannot be reused while it lives, and a hit means every remembered
+    address is where each tensor's data is now. Values are not in the key (c is written by every call): nothing
+    prepared here may depend on them. Per call: 7 reads of each tensor and one dict lookup, a few microseconds of
+    host time and no device work."""
 
     def __init__(self, max_entries: int = 4):
         self.max_entries = max_entries

@@ -1,7 +1,7 @@
 """The GEMV's input contract, and the checks that hold every caller to it.
 
-The leaderboard hands ``custom_kernel`` a 7-tuple; this module is the one place that says what
-it holds. Per batch l (the last dimension of every tensor), with K/16 scale blocks:
+The leaderboard hands ``custom_kernel`` a 7-tuple; this module is the one place that says what it holds. Per
+batch l (the last dimension of every tensor), with K/16 scale blocks:
 
 * ``a`` [M, K/2, L] float4_e2m1fn_x2: two E2M1 codes per byte, the even element in the low nibble;
 * ``b`` [128, K/2, L]: the vector is row 0, rows 1..127 are padding (so torch._scaled_mm
@@ -12,12 +12,11 @@ it holds. Per batch l (the last dimension of every tensor), with K/16 scale bloc
   cuBLAS's blocked buffers (nvfp4lib.layouts converts);
 * ``c`` [M, 1, L] float16: the output, written by the kernel.
 
-Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a
-contiguous (L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor
-with the right shape but other strides would silently compute garbage; `validate_gemv_input`
-turns that into an error that names the argument, and `validate_op_input` holds the op's four
-tensors (``nvfp4lib.ops.gemv``) to the same rules. Nothing here imports the rest of the package.
-"""
+Every tensor is a view of a contiguous (L, rows, cols) buffer (``plain_strides``), or of a contiguous
+(L, rest_mn, rest_k, 32, 4, 4) one (``permuted_strides``). A kernel given a tensor with the right shape but
+other strides would silently compute garbage; `validate_gemv_input` turns that into an error that names the
+argument, and `validate_op_input` holds the op's four tensors (``nvfp4lib.ops.gemv``) to the same rules.
+Nothing here imports the rest of the package."""
 
 from __future__ import annotations
 
@@ -141,15 +140,12 @@ def shape_of(data) -> Shape:
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCALE_TILE_ROWS,
                         need_k_multiple: int = BLOCK_SIZE * SCALE_TILE_COLS,
                         check_storage: bool = True):
-    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape.
-
-    `check_storage=False` skips strides and alignment, for code that indexes the tensors
-    (the reference) rather than reading raw pointers. Always refused: a `c` that requires grad or
-    cannot be written in place here (an inference tensor outside inference mode), a zero M, K or
-    L, and a `c` that shares memory with an input (the byte ranges of their storages overlap, e.g. c is
-    a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
-    what a kernel writes through raw pointers elsewhere cannot be detected.
-    """
+    """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape. `check_storage=False`
+    skips strides and alignment, for code that indexes the tensors (the reference) rather than reading raw pointers.
+    Always refused: a `c` that requires grad or cannot be written in place here (an inference tensor outside
+    inference mode), a zero M, K or L, and a `c` that shares memory with an input (the byte ranges of their storages
+    overlap, e.g. c is a view into a's storage). That comparison sees only the memory PyTorch knows the tensors by:
+    what a kernel writes through raw pointers elsewhere cannot be detected."""
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
         raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")

@@ -1,8 +1,7 @@
 """What this machine can run, found by probing (never by guessing from a GPU name).
 
-Notebooks and tests branch on these facts: the real FP4 GEMM only exists on sm_100+,
-hardware E2M1 conversion likewise, and the CuTe DSL may or may not be installed.
-"""
+Notebooks and tests branch on these facts: the real FP4 GEMM only exists on sm_100+, hardware E2M1 conversion
+likewise, and the CuTe DSL may or may not be installed."""
 
 from __future__ import annotations
 
@@ -32,27 +31,20 @@ class Capabilities:
     fp4_gemm_reason: str | None = None  # why fp4_gemm is False (the probe's exception, if it ran)
 
     def summary(self) -> str:
-        if not self.cuda:
-            gpu = "no CUDA GPU (CPU only)"
-        else:
-            gpu = f"{self.name} (sm_{self.sm[0]}{self.sm[1]})"
+        gpu = f"{self.name} (sm_{self.sm[0]}{self.sm[1]})" if self.cuda else "no CUDA GPU (CPU only)"
         dsl = f"CuTe DSL {self.cute_dsl_version}" if self.cute_dsl else "no CuTe DSL"
         return (f"{gpu}; FP4 GEMM: {'yes' if self.fp4_gemm else 'no'}; "
                 f"hardware E2M1: {'yes' if self.hw_e2m1 else 'no'}; {dsl}")
 
 
 def _probe_fp4_gemm() -> str | None:
-    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised.
-
-    cuBLAS refuses it below sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too,
-    and the message is kept so that whoever skips or falls back can say why.
-    """
+    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised. cuBLAS refuses it below
+    sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too, and the message is kept so that whoever
+    skips or falls back can say why."""
     try:
-        dev = "cuda"
-        a = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
-        b = torch.zeros(128, 32, dtype=torch.uint8, device=dev).view(torch.float4_e2m1fn_x2)
-        scale = torch.ones(128 * 4, device=dev).to(torch.float8_e4m3fn)  # one 128x4 tile (K = 64)
-        torch._scaled_mm(a, b.t(), scale, scale, out_dtype=torch.float16)
+        a = torch.zeros(128, 32, dtype=torch.uint8, device="cuda").view(torch.float4_e2m1fn_x2)  # A, and B as a.t()
+        scale = torch.ones(128 * 4, device="cuda").to(torch.float8_e4m3fn)  # one 128x4 tile (K = 64)
+        torch._scaled_mm(a, a.t(), scale, scale, out_dtype=torch.float16)
         torch.cuda.synchronize()
         return None
     except Exception as err:  # noqa: BLE001 - any failure means "not usable here"; the reason is kept
@@ -92,9 +84,7 @@ def _probe_cute_dsl() -> str | None:
 
 
 def _cute_arch(sm: tuple[int, int] | None) -> str | None:
-    if sm is None:
-        return None
-    return {(10, 0): "sm_100a", (9, 0): "sm_90a"}.get(sm, f"sm_{sm[0]}{sm[1]}")
+    return None if sm is None else {(10, 0): "sm_100a", (9, 0): "sm_90a"}.get(sm, f"sm_{sm[0]}{sm[1]}")
 
 
 @functools.cache
@@ -104,14 +94,9 @@ def capabilities() -> Capabilities:
     name = torch.cuda.get_device_name() if cuda else "cpu"
     version = _probe_cute_dsl()
     fp4_reason = _fp4_gemm_reason(cuda, sm)
-    return Capabilities(
-        cuda=cuda, name=name, sm=sm,
-        fp4_gemm=fp4_reason is None,
-        cute_dsl=version is not None, cute_dsl_version=version,
-        hw_e2m1=bool(sm and sm[0] >= 10),
-        cute_arch=_cute_arch(sm),
-        fp4_gemm_reason=fp4_reason,
-    )
+    return Capabilities(cuda=cuda, name=name, sm=sm, fp4_gemm=fp4_reason is None, cute_dsl=version is not None,
+                        cute_dsl_version=version, hw_e2m1=bool(sm and sm[0] >= 10), cute_arch=_cute_arch(sm),
+                        fp4_gemm_reason=fp4_reason)
 
 
 NO_CUDA = "needs a CUDA GPU"

@@ -11,29 +11,20 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
-Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, taken by
-`fallback.first_working` (as in the exported files): it, else the next of FALLBACK_ORDER, that builds
-and passes the self-check. A path that fails it is never used again by this dispatcher; a later call
-that raises (an input a path refuses) changes nothing. `explain` and `decisions` say what and why.
+Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, builds and passes
+the self-check (`fallback.first_working`, as in the exported files). A path that fails it is never used again
+by this dispatcher; a later call that raises (an input a path refuses) changes nothing. `explain` and
+`decisions` say what and why. For experiments a path can be forced by name
+(``with force("scaled_mm_permuted"): ...`` or the environment variable NVFP4_PATH): built as it is, with no
+self-check and no fallback. With ``check_scales`` (`Dispatcher`) every call first checks that the two copies
+of the scales agree (`layouts.check_scale_copies`).
 
-For experiments a path can be forced by name: ``with force("scaled_mm_permuted"): ...`` or the
-environment variable NVFP4_PATH (a forced path is built as it is: no self-check, no fallback).
-`force` holds for the thread and the asyncio task that entered it (a context variable) and nests.
-`explain(data)` plans the call exactly as `custom_kernel(data)` would at that moment (forcing and
-NVFP4_PATH read then, the path built and checked) and returns the decision it acts on.
-
-With ``Dispatcher(check_scales=True)``, or NVFP4_CHECK_SCALES=1 in the environment for the default
-``check_scales=None``, every call first checks that sfa / sfb agree with sfa_permuted /
-sfb_permuted (`layouts.check_scale_copies`, a full read of the scales): paths read one copy or the
-other, so copies that disagree give answers that depend on the path.
-
-The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for
-an independent set of choices. Cost per call: after the first call of a shape, a context-variable
-read, one read of the environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one
-dictionary lookup keyed by (a.shape, a.is_cuda, what forces a path) and the path's own call, which
-validates its input (`Dispatcher.run_validated`: for a tuple its caller validated, the op's). The
-first call of a shape builds and self-checks a path: make it before capturing a CUDA graph.
-"""
+The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for an independent
+set of choices. Cost per call: after the first call of a shape, a context-variable read, one read of the
+environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one dictionary lookup keyed by (a.shape,
+a.is_cuda, what forces a path) and the path's own call, which validates its input (`Dispatcher.run_validated`:
+for a tuple its caller validated, the op's). The first call of a shape builds and self-checks a path: make it
+before capturing a CUDA graph."""
 
 from __future__ import annotations
 
@@ -72,11 +63,9 @@ def shape_class(shape) -> str:
 
 @dataclass
 class Table:
-    """Measured choices of one GPU model (made by `nvfp4lib.bench.calibration.calibrate`).
-
-    ``entries``: shape class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]};
-    ``skipped``: path -> why it was not timed (not available here, or a wrong result).
-    """
+    """Measured choices of one GPU model (made by `nvfp4lib.bench.calibration.calibrate`). ``entries``: shape
+    class -> {"path": fastest, "mean_us": {path: us}, "shapes": [[m, k, l]]}; ``skipped``: path -> why it was
+    not timed (not available here, or a wrong result)."""
     device: str
     sm: str | None
     entries: dict = field(default_factory=dict)
@@ -129,13 +118,10 @@ def _env_check_scales(value: str | None) -> bool:
 
 
 class Dispatcher:
-    """Per-shape choices of GEMV path, the paths built for them, and what forces or informs them.
-
-    Calling it runs the GEMV (`custom_kernel`). `table` is a measured `Table` (or None); `force`
-    and NVFP4_PATH override everything; `explain` and `decisions` say what was chosen and why.
-    ``check_scales``: check the plain scales against the permuted ones on every call (True), never
-    (False), or as NVFP4_CHECK_SCALES says at each call (None).
-    """
+    """Per-shape choices of GEMV path, the paths built for them, and what forces or informs them. Calling it
+    runs the GEMV (`custom_kernel`). `table` is a measured `Table` (or None). ``check_scales``: check the plain
+    scales against the permuted ones on every call (True), never (False), or as NVFP4_CHECK_SCALES says at each
+    call (None)."""
 
     def __init__(self, table: Table | None = None, *, check_scales: bool | None = None):
         if not (check_scales is None or isinstance(check_scales, bool)):

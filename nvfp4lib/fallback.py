@@ -1,18 +1,16 @@
 """Which path runs: the one fallback chooser of the dispatcher and of the exported files, and its self-check.
 
-`first_working(candidates, build, device)` takes paths in order and returns the first that can run
-here, builds, and computes small full-range inputs (`self_check_input`) right: within the
-leaderboard's tolerance of the exact reference, every element written. The dispatcher calls it when
-it plans a shape, an exported file (`nvfp4lib.leaderboard.runtime`) once at import, each with its
-first path followed by the rest of `paths.FALLBACK_ORDER`: on one machine they run the same kernel.
+`first_working(candidates, build, device)` takes paths in order and returns the first that can run here,
+builds, and computes small full-range inputs (`self_check_input`) right: within the leaderboard's tolerance of
+the exact reference, every element written. The dispatcher calls it when it plans a shape, an exported file
+(`nvfp4lib.leaderboard.runtime`) once at import, each with its first path followed by the rest of
+`paths.FALLBACK_ORDER`: on one machine they run the same kernel.
 
 A path that cannot run here (the CuTe kernel without a GPU) is information, logged at INFO:
-``cute_fast cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using
-scaled_mm_permuted``. A path that could run here but does not build, raises in its self-check or
-computes a wrong result is a failure, logged as a WARNING; the choice at INFO (``self-check ok:
-<path> on <device>``). With a `checked` dictionary (the dispatcher keeps one) a path that failed is
-never tried again. What a real call raises later does not change the choice: it is the caller's.
-"""
+``cute_fast cannot run here (the CuTe kernel needs the inputs on a CUDA GPU); using scaled_mm_permuted``. A
+path that could run here but does not build, raises in its self-check or computes a wrong result is a failure,
+logged as a WARNING; the choice at INFO (``self-check ok: <path> on <device>``). What a real call raises later
+does not change the choice: it is the caller's."""
 
 from __future__ import annotations
 
@@ -39,13 +37,10 @@ SELF_CHECK_SEED = 20250
 
 
 def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = False) -> GemvInput:
-    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector,
-    and the E4M3 scales `generate_input` draws in full mode (zeros, subnormals, up to 448).
-
-    The scales' sign bits are cleared unless ``signed_scales``: cuBLAS reads NVFP4 block scales as
-    unsigned UE4M3 (the sign bit is ignored) and the leaderboard's scales are never negative, so
-    every path is held to the inputs it can be given.
-    """
+    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector, and the E4M3
+    scales `generate_input` draws in full mode (zeros, subnormals, up to 448). The scales' sign bits are cleared
+    unless ``signed_scales``: cuBLAS reads NVFP4 block scales as unsigned UE4M3 (the sign bit is ignored) and the
+    leaderboard's scales are never negative, so every path is held to the inputs it can be given."""
     a, b, sfa, sfb, _, _, c = generate_input(m, k, l, seed=SELF_CHECK_SEED, mode="full", device=device)
     every_byte = torch.arange(256, dtype=torch.uint8, device=device)
     a.view(torch.uint8)[:128, :2, 0] = every_byte.view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
@@ -113,13 +108,10 @@ def _where(device) -> str:
 
 def first_working(candidates, build: Callable[[str], Callable], device, *,
                   unavailable: Callable[[str], str | None] | None = None, checked: dict | None = None) -> Choice:
-    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)``
-    is None), builds (``build(name)``) and passes `self_check` on `device`.
-
-    ``checked`` (name -> None or why it failed) remembers the verdicts between calls: a path found
-    failing is passed over again without being built, one found working is not checked again.
-    Logs what it passed over and what it chose (see the module's docstring).
-    """
+    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)`` is None), builds
+    (``build(name)``) and passes `self_check` on `device`. ``checked`` (name -> None or why it failed) remembers the
+    verdicts between calls: a path found failing is passed over again without being built, one found working is not
+    checked again. Logs what it passed over and what it chose (see the module's docstring)."""
     passed: list[PassedOver] = []
     recalled: set[str] = set()  # failures found by an earlier call: logged then
     chosen, kernel = None, None

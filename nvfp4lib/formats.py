@@ -1,8 +1,7 @@
 """The NVFP4 number formats: E2M1 codes, E4M3 block scales, and the two-level recipe.
 
-Everything works on uint8 bit patterns because PyTorch's ``float4_e2m1fn_x2`` dtype
-supports almost no arithmetic; a byte view is free, so the helpers stay device-agnostic.
-"""
+Everything works on uint8 bit patterns because PyTorch's ``float4_e2m1fn_x2`` dtype supports almost no
+arithmetic; a byte view is free, so the helpers stay device-agnostic."""
 
 from __future__ import annotations
 
@@ -33,14 +32,11 @@ _E4M3_MIDPOINTS = _midpoints(  # bytes 0x00..0x7E (0x7F is NaN); exact in float6
 
 
 def _nearest_code(x: torch.Tensor, midpoints: tuple[float, ...], sign_bit: int) -> torch.Tensor:
-    """uint8 code of the magnitude nearest to |x|, ties to the even code, saturating at the largest,
-    with the sign of x at `sign_bit`.
-
-    Codes number the magnitudes in increasing order and an even code has mantissa bit 0, so ties
-    to the even code is IEEE round-half-to-even. x is converted once, before any arithmetic, to
-    float64: it holds every float32, fp16 and bfloat16 value and every integer up to 2^53 exactly
-    (a larger integer stays beyond every midpoint, with its sign), so the code is the only rounding.
-    """
+    """uint8 code of the magnitude nearest to |x|, ties to the even code, saturating at the largest, with the sign of
+    x at `sign_bit`. Codes number the magnitudes in increasing order and an even code has mantissa bit 0, so ties to
+    the even code is IEEE round-half-to-even. x is converted once, before any arithmetic, to float64: it holds every
+    float32, fp16 and bfloat16 value and every integer up to 2^53 exactly (a larger integer stays beyond every
+    midpoint, with its sign), so the code is the only rounding."""
     exact = x.to(torch.float64)
     mids = torch.tensor(midpoints, dtype=torch.float64, device=x.device)
     magnitude = exact.abs()
@@ -168,17 +164,14 @@ def _require_global_scale(value, name: str) -> float:
 
 def quantize_blocks(x: torch.Tensor, block_size: int = BLOCK_SIZE,
                     global_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """NVFP4's two-level recipe along the last dimension, with blocks of `block_size`.
-
-    Returns (uint8 E2M1 codes shaped like x, float8_e4m3fn scales [..., K / block_size], global
-    scale). The global scale (amax / (6 * 448) unless given) moves the data's range to the top of
-    E4M3's; each block gets the E4M3 scale nearest to its amax / 6 / global, each value the E2M1
-    code nearest to value / (scale * global). The arithmetic is float64 on x converted once, so no
-    input is rounded before its code. A given global scale must be a positive normal float32
-    (2^-126 to float32's max); the derived one is never below 2^-126, so a tensor whose amax is
-    under 6 * 448 * 2^-126 gets block scales below 448 (and a block under 6 * 2^-9 * 2^-126, about
-    1e-40, quantizes to zero: the format has nothing smaller).
-    """
+    """NVFP4's two-level recipe along the last dimension, with blocks of `block_size`. Returns (uint8 E2M1 codes
+    shaped like x, float8_e4m3fn scales [..., K / block_size], global scale). The global scale (amax / (6 * 448)
+    unless given) moves the data's range to the top of E4M3's; each block gets the E4M3 scale nearest to its
+    amax / 6 / global, each value the E2M1 code nearest to value / (scale * global). The arithmetic is float64 on x
+    converted once, so no input is rounded before its code. A given global scale must be a positive normal float32
+    (2^-126 to float32's max); the derived one is never below 2^-126, so a tensor whose amax is under
+    6 * 448 * 2^-126 gets block scales below 448 (and a block under 6 * 2^-9 * 2^-126, about 1e-40, quantizes to
+    zero: the format has nothing smaller)."""
     require_real(x, "x")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise NVFP4InputError(f"block_size: expected a positive int, got {block_size!r}")

@@ -1,21 +1,19 @@
 """Capture a GEMV call into a CUDA graph once, then replay it: one launch for any number of kernels.
 
-A call that launches several kernels (a GEMM and a copy per batch, or a stream pool's forks
-and joins) pays the host cost of each launch every time. A CUDA graph records the whole
-sequence once and replays it with a single launch, which can only help when the host, not the
-GPU, is the bottleneck, as it is for short calls timed one at a time.
+A call that launches several kernels (a GEMM and a copy per batch, or a stream pool's forks and joins) pays
+the host cost of each launch every time. A CUDA graph records the whole sequence once and replays it with a
+single launch, which can only help when the host, not the GPU, is the bottleneck, as it is for short calls
+timed one at a time.
 
-A graph replays the exact kernels it recorded, with the exact pointers: it is valid for one layout
-of memory (`caches.memory_key`: data addresses, shapes, strides, dtypes, devices); values changed in
-place are picked up, new tensors need a new capture. `GraphedGemv` keeps a few graphs by that key
-(a few microseconds of host time per call to build) and captures again when it changes.
+A graph replays the exact kernels it recorded, with the exact pointers: it is valid for one layout of memory
+(`caches.memory_key`: data addresses, shapes, strides, dtypes, devices; a few microseconds of host time per
+call to build); values changed in place are picked up, new tensors need a new capture.
 
-Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times
-on a side stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the
-kernels' own caches) happens outside the capture; the capture itself runs on that same side
-stream. A replay is queued on the caller's current stream, so it is ordered with the caller's
-work like any kernel. Nothing inside the function may synchronize with the host.
-"""
+Capture rules followed here (PyTorch's CUDA graph notes): the function is first run a few times on a side
+stream, so lazy initialisation (cuBLAS handles and workspaces, module loading, the kernels' own caches)
+happens outside the capture; the capture itself runs on that same side stream. A replay is queued on the
+caller's current stream, so it is ordered with the caller's work like any kernel. Nothing inside the function
+may synchronize with the host."""
 
 from __future__ import annotations
 
@@ -31,15 +29,12 @@ CPU_NOTE = "pass-through: CUDA graphs need a CUDA GPU, so every call runs the fu
 
 
 class GraphedGemv:
-    """``GraphedGemv(fn)(data)`` computes ``fn(data)`` by replaying a CUDA graph of it.
-
-    ``fn`` takes the 7-tuple, writes c and returns it (any GEMV here). The first call for a
-    given set of tensors warms ``fn`` up and captures it (slow: milliseconds, with a device
-    synchronize); later calls with the same tensors replay. Up to ``max_graphs`` graphs are kept,
-    each with its own memory pool for the temporaries ``fn`` allocates (the least recently used
-    is dropped). Without CUDA, for inputs on the CPU (`note`) and for a tuple made for one call alone
-    (`caches.validated_once`: its graph would never be replayed), calls go straight to ``fn``.
-    """
+    """``GraphedGemv(fn)(data)`` computes ``fn(data)`` by replaying a CUDA graph of it. ``fn`` takes the 7-tuple,
+    writes c and returns it (any GEMV here). The first call for a given set of tensors warms ``fn`` up and captures
+    it (slow: milliseconds, with a device synchronize); later calls with the same tensors replay. Up to
+    ``max_graphs`` graphs are kept, each with its own memory pool for the temporaries ``fn`` allocates (the least
+    recently used is dropped). Without CUDA, for inputs on the CPU (`note`) and for a tuple made for one call alone
+    (`caches.validated_once`: its graph would never be replayed), calls go straight to ``fn``."""
 
     def __init__(self, fn: Callable, *, warmup: int = 2, max_graphs: int = 4):
         if warmup < 1:

@@ -1,10 +1,9 @@
 """Scale-factor layouts: plain [MN, K/16, L], the "permuted" 6-D view, cuBLAS 128x4 blocked.
 
-Blackwell's block-scaled MMA reads scales in 512-byte atoms: 128 rows x 4 scale columns
-(64 K elements), byte (i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4). The permuted 6-D
-tensor [32, 4, rest_m, 4, rest_k, L] is a view of exactly those bytes, and per batch they
-are the same bytes, in the same order, as cuBLAS's blocked buffer; hence the free views below.
-"""
+Blackwell's block-scaled MMA reads scales in 512-byte atoms: 128 rows x 4 scale columns (64 K elements), byte
+(i % 32) * 16 + ((i % 128) // 32) * 4 + (j % 4). The permuted 6-D tensor [32, 4, rest_m, 4, rest_k, L] is a
+view of exactly those bytes, and per batch they are the same bytes, in the same order, as cuBLAS's blocked
+buffer; hence the free views below."""
 
 from __future__ import annotations
 
@@ -125,17 +124,14 @@ def _e4m3_value(byte: int) -> float:
 
 
 def check_scale_copies(data) -> None:
-    """Check that the 7-tuple's two copies of each operand's scales agree: sfa with sfa_permuted
-    (every row), sfb with sfb_permuted (row 0, the vector's; rows 1..127 are filler no path uses).
-
-    The paths read one copy or the other (the reference and the plain-scale kernels sfa / sfb, the
-    `torch._scaled_mm` views and the naive CuTe kernel the permuted ones), so copies that disagree
-    give answers that depend on the path. Compared bit for bit (a NaN equals the same NaN); padding
-    of the permuted tensors beyond M or K/16 is not read. Raises NVFP4InputError naming the
-    permuted tensor, how many scales differ and the first (row, scale block, batch) with both
-    values. A full read of the scales (1/8 of A's bytes and a conversion): off the hot path unless
-    asked for (`dispatch.Dispatcher(check_scales=True)` or NVFP4_CHECK_SCALES=1).
-    """
+    """Check that the 7-tuple's two copies of each operand's scales agree: sfa with sfa_permuted (every row), sfb
+    with sfb_permuted (row 0, the vector's; rows 1..127 are filler no path uses). The paths read one copy or the
+    other (the reference and the plain-scale kernels sfa / sfb, the `torch._scaled_mm` views and the naive CuTe
+    kernel the permuted ones), so copies that disagree give answers that depend on the path. Compared bit for bit (a
+    NaN equals the same NaN); padding of the permuted tensors beyond M or K/16 is not read. Raises NVFP4InputError
+    naming the permuted tensor, how many scales differ and the first (row, scale block, batch) with both values. A
+    full read of the scales (1/8 of A's bytes and a conversion): off the hot path unless asked for
+    (`dispatch.Dispatcher(check_scales=True)` or NVFP4_CHECK_SCALES=1)."""
     validate_gemv_input(data, need_m_multiple=None, need_k_multiple=BLOCK_SIZE, check_storage=False)
     _, _, sfa, sfb, sfa_permuted, sfb_permuted, _ = data
     k_blocks = sfa.shape[1]

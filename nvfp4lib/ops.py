@@ -1,33 +1,27 @@
 """The GEMV as a PyTorch operator, ``torch.ops.nvfp4lib.gemv``: the kernel for use inside models,
 ``torch.compile`` and CUDA graphs.
 
-`custom_kernel(data)` has the leaderboard's contract: it writes into a ``c`` the caller hands it.
-A model wants a function that returns a new tensor and that the compiler can see through without
-running it. ``gemv(a, b, sfa_permuted, sfb_permuted)`` is that function, registered with
-``torch.library.custom_op`` (it mutates no argument) and a fake implementation that gives the
-output's shape, dtype, device and strides, so it compiles with ``torch.compile(fullgraph=True)``
-and is captured in a CUDA graph like any PyTorch op::
+`custom_kernel(data)` has the leaderboard's contract: it writes into a ``c`` the caller hands it. A model
+wants a function that returns a new tensor and that the compiler can see through without running it.
+``gemv(a, b, sfa_permuted, sfb_permuted)`` (tensors of the leaderboard's 7-tuple, `nvfp4lib.contract`) is that
+function, registered with ``torch.library.custom_op`` (it mutates no argument) and a fake implementation that
+gives the output's shape, dtype, device and strides, so it compiles with ``torch.compile(fullgraph=True)`` and
+is captured in a CUDA graph like any PyTorch op::
 
     from nvfp4lib.ops import gemv  # or nvfp4lib.gemv, or torch.ops.nvfp4lib.gemv once this is imported
-    c = gemv(a, b, sfa_permuted, sfb_permuted)  # [M, 1, L] float16, a new tensor
+    c = gemv(a, b, sfa_permuted, sfb_permuted)  # [M, 1, L] float16, a new tensor in the 7-tuple's layout
 
-The tensors are those of the leaderboard's 7-tuple (`nvfp4lib.contract`); ``c`` is new, with the
-7-tuple's layout: a view of a contiguous (L, M, 1) buffer, strides (1, 1, M).
+The path is chosen as for `custom_kernel`, by the same dispatcher (`dispatch.DISPATCHER`: the same choice for
+the same device and shape, `force` and NVFP4_PATH included), and the result has the same bits. Some paths read
+the plain scales ``sfa``/``sfb`` (the CuTe fast kernel, the GPU's default; `scaled_mm_reference`,
+`scaled_mm_transposed`, the exact reference), others the permuted ones. So the op takes the permuted scales
+and derives the plain ones (`layouts.from_permuted`; exact, with M a multiple of 128 and K of 64), one copy of
+the scales per call (1/8 of A's bytes) that `custom_kernel`, handed both forms, does not pay. The four tensors
+are validated once, here, and the 7-tuple, new on every call, goes to `Dispatcher.run_validated`.
 
-The path is chosen as for `custom_kernel`, by the same dispatcher (`dispatch.DISPATCHER`: the same
-choice for the same device and shape, `force` and NVFP4_PATH included), and the result has the same
-bits. Some paths read the plain scales ``sfa``/``sfb`` (the CuTe fast kernel, the GPU's default;
-`scaled_mm_reference`, `scaled_mm_transposed`, the exact reference), others the permuted ones. So the
-op takes the permuted scales and derives the plain ones (`layouts.from_permuted`; exact, with M a
-multiple of 128 and K of 64), one copy of the scales per call (1/8 of A's bytes) that `custom_kernel`,
-handed both forms, does not pay. The four tensors are validated once, here; the 7-tuple, new on every
-call, goes to `Dispatcher.run_validated`: no path validates it again where it can skip that, and no
-per-tuple cache remembers it.
-
-Forward only: FP4 codes and E4M3 scales have no gradient, and no autograd formula is registered.
-Before capturing a CUDA graph, call the op once per shape: the first call chooses and builds the path
-(the CuTe kernel is compiled then), which a capture must not do.
-"""
+Forward only: FP4 codes and E4M3 scales have no gradient, and no autograd formula is registered. Call the op
+once per shape before capturing a CUDA graph: the first call chooses and builds the path
+(the CuTe kernel is compiled then), which a capture must not do."""
 
 import torch
 

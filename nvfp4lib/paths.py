@@ -1,17 +1,15 @@
 """The package's ways to compute the GEMV, under one naming scheme, and the one fallback order.
 
-A path is one way to compute ``c`` from the leaderboard's 7-tuple. `PATHS` holds the package's
-own: the CuTe kernels, the torch._scaled_mm variants and the exact reference. They are what the
-dispatcher can run (``dispatch.force("cute_fast")``, ``NVFP4_PATH``), what the calibration table
-records and what the exporter writes (``python -m nvfp4lib.leaderboard.export --path cute_fast``).
-The peers a benchmark measures them against (eager PyTorch, torch.compile, bf16 weights, Triton)
-are registered in the bench wing, under the same scheme (``nvfp4lib.bench.peers.all_paths``).
-Names are lowercase words joined by "_", the family first (``cute_``, ``scaled_mm_``, ``peer_``,
-``triton_``).
+A path is one way to compute ``c`` from the leaderboard's 7-tuple. `PATHS` holds the package's own: the CuTe
+kernels, the torch._scaled_mm variants and the exact reference. They are what the dispatcher can run
+(``dispatch.force("cute_fast")``, ``NVFP4_PATH``), what the calibration table records and what the exporter
+writes (``python -m nvfp4lib.leaderboard.export --path cute_fast``). The peers a benchmark measures them
+against (eager PyTorch, torch.compile, bf16 weights, Triton) are registered in the bench wing, under the same
+scheme (``nvfp4lib.bench.peers.all_paths``). Names are lowercase words joined by "_", the family first
+(``cute_``, ``scaled_mm_``, ``peer_``, ``triton_``).
 
-`FALLBACK_ORDER` is the one "best path for this machine" policy, of the dispatcher and of the
-exported ``hybrid`` file alike.
-"""
+`FALLBACK_ORDER` is the one "best path for this machine" policy, of the dispatcher and of the exported
+``hybrid`` file alike."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """The batched NVFP4 GEMV problem: shapes, byte counts, and the input generator.
 
-generate_input builds the leaderboard's 7-tuple with exactly its shapes, dtypes and strides,
-but (in the default "full" mode) with data that exercises every E2M1 code in both nibbles
-and, given enough scale blocks, every finite E4M3 scale in both sfa and sfb, which the
-leaderboard's own data does not.
-"""
+generate_input builds the leaderboard's 7-tuple with exactly its shapes, dtypes and strides, but
+(in the default "full" mode) with data that exercises every E2M1 code in both nibbles and, given enough scale
+blocks, every finite E4M3 scale in both sfa and sfb, which the leaderboard's own data does not."""
 
 from __future__ import annotations
 
@@ -103,13 +101,11 @@ def _full_range_scales(l: int, m: int, k_blocks: int, gen: torch.Generator, nega
 def generate_input(m: int, k: int, l: int, seed: int = 0, mode: str = "full", device="cpu", *,
                    negative_scales: bool = True):
     """Return (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c) as the leaderboard lays them out.
+    `negative_scales=False` (full mode only) draws only the scale codes with the sign bit clear: the unsigned UE4M3
+    scales of the NVFP4 format, which is all cuBLAS's FP4 GEMM reads.
 
-    `negative_scales=False` (full mode only) draws only the scale codes with the sign bit clear: the
-    unsigned UE4M3 scales of the NVFP4 format, which is all cuBLAS's FP4 GEMM reads.
-
-    Random numbers are drawn on the CPU and then moved, so one seed gives identical
-    data on every device. M need not be a multiple of 128 (scales are zero padded).
-    """
+    Random numbers are drawn on the CPU and then moved, so one seed gives identical data on every device. M need not
+    be a multiple of 128 (scales are zero padded)."""
     if mode not in MODES:
         raise NVFP4InputError(f"mode: expected one of {MODES}, got {mode!r}")
     if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in (m, k, l)):

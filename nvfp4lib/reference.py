@@ -1,10 +1,9 @@
 """Independent reference for the GEMV and a checker that explains what went wrong.
 
-The reference is exact: every E2M1 value is n/2 with n an integer (|n| <= 12) and every finite E4M3
-scale is n * 2^-9 (|n| <= 448 * 2^9), so every term of the sum is an integer multiple of 2^-20 and
-the whole dot product is an int64 sum, converted and rounded to float32 once. It decodes with the
-tables of `formats`; its integer arithmetic shares nothing with any kernel's.
-"""
+The reference is exact: every E2M1 value is n/2 with n an integer (|n| <= 12) and every finite E4M3 scale is
+n * 2^-9 (|n| <= 448 * 2^9), so every term of the sum is an integer multiple of 2^-20 and the whole dot
+product is an int64 sum, converted and rounded to float32 once. It decodes with the tables of `formats`; its
+integer arithmetic shares nothing with any kernel's."""
 
 from __future__ import annotations
 
@@ -40,14 +39,11 @@ def _scale_units(scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def reference_gemv(data) -> torch.Tensor:
-    """float32 [M, 1, L]: c[m, 0, l] = sum_k A*sfa * B[0]*sfb[0], the exact sum rounded once to
-    float32 (NaN where a scale the row uses is NaN), from the plain tensors only.
-
-    Per batch, a table holds for every K/2 byte position of the vector and every possible A byte the
-    exact sum of the byte's two code products; a gather and a sum of 8 give each row's block sums of
-    codes, which the scales multiply and add up in int64. Elementwise ops and sums only, so it runs
-    on CPU and CUDA tensors alike.
-    """
+    """float32 [M, 1, L]: c[m, 0, l] = sum_k A*sfa * B[0]*sfb[0], the exact sum rounded once to float32 (NaN where a
+    scale the row uses is NaN), from the plain tensors only. Per batch, a table holds for every K/2 byte position of
+    the vector and every possible A byte the exact sum of the byte's two code products; a gather and a sum of 8 give
+    each row's block sums of codes, which the scales multiply and add up in int64. Elementwise ops and sums only, so
+    it runs on CPU and CUDA tensors alike."""
     # Any M and any K with whole scale blocks; the tensors are indexed, so any strides.
     validate_gemv_input(data, need_m_multiple=None, need_k_multiple=BLOCK_SIZE, check_storage=False)
     a, b, sfa, sfb, _, _, _ = data
@@ -90,13 +86,10 @@ class CheckResult:
 
 def check(output: torch.Tensor, data, rtol: float = TOLERANCE, atol: float = TOLERANCE, *,
           max_listed: int = 5) -> CheckResult:
-    """Compare a GEMV output with the reference as the leaderboard's checker does.
-
-    An element matches when it is within atol + rtol * |expected|, or when both are NaN, or both
-    the same infinity. The leaderboard's expected values are in the output's dtype, so an exact sum
-    beyond fp16's range is +-inf there, and here too. An output NaN where the reference is finite
-    stays a mismatch: that is how `poison_` catches elements a kernel never wrote.
-    """
+    """Compare a GEMV output with the reference as the leaderboard's checker does. An element matches when it is
+    within atol + rtol * |expected|, or when both are NaN, or both the same infinity. The leaderboard's expected
+    values are in the output's dtype, so an exact sum beyond fp16's range is +-inf there, and here too. An output NaN
+    where the reference is finite stays a mismatch: that is how `poison_` catches elements a kernel never wrote."""
     require_tensor(output, "output")
     expected = reference_gemv(data)
     if tuple(output.shape) != tuple(expected.shape):

@@ -1,8 +1,8 @@
 """The GEMV as a cuBLAS FP4 GEMM: ``torch._scaled_mm`` and ``torch.nn.functional.scaled_mm``.
 
 The leaderboard's reference pads the vector B to 128 rows and calls
-``torch._scaled_mm(a_l, b_l.T, scale_a, scale_b, out_dtype=float16)``, i.e. a block-scaled
-GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorch checks it:
+``torch._scaled_mm(a_l, b_l.T, scale_a, scale_b, out_dtype=float16)``, i.e. a block-scaled GEMM
+[M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorch checks it:
 
 * operands ``float4_e2m1fn_x2`` (two E2M1 codes per byte, K/2 elements along K); ``mat1``
   row-major [rows, K/2], ``mat2`` column-major [K/2, cols] (the ``.T`` of a row-major tensor);
@@ -13,11 +13,10 @@ GEMM [M, K] x [K, 128] of which only column 0 is kept. The convention, as PyTorc
   the recipe "BlockWise1x16" with swizzle "SWIZZLE_32_4_4" of the functional API);
 * the output [rows(mat1), cols(mat2)] in the requested dtype, accumulated in fp32.
 
-Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED,
-and the CPU has no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the
-same operands and the same BLOCKED scale buffers, so the layout code is tested everywhere.
-Which backend ran is recorded in `last_backend`.
-"""
+Real FP4 GEMMs need Blackwell (sm_100+); elsewhere (Hopper raises CUBLAS_STATUS_NOT_SUPPORTED, and the CPU has
+no kernel) every function here runs `emulated_scaled_mm_fp4`, which reads the same operands and the same
+BLOCKED scale buffers, so the layout code is tested everywhere. Which backend ran is recorded in
+`last_backend`."""
 
 from __future__ import annotations
 
@@ -86,8 +85,7 @@ def _check_scaled_mm_args(mat1, mat2, scale1, scale2) -> None:
             raise NVFP4InputError(
                 f"{name}: expected a contiguous float8_e4m3fn blocked buffer of {want} elements "
                 f"(round_up({rows}, {SCALE_TILE_ROWS}) * round_up({k_blocks}, {SCALE_TILE_COLS})), "
-                f"got {s.dtype} of shape "
-                f"{tuple(s.shape)}, contiguous={s.is_contiguous()}")
+                f"got {s.dtype} of shape {tuple(s.shape)}, contiguous={s.is_contiguous()}")
 
 
 @functools.cache
@@ -138,23 +136,19 @@ def _check_epilogue(mat2, bias, scale_result, out_dtype, use_fast_accum) -> None
 def emulated_scaled_mm_fp4(mat1: torch.Tensor, mat2: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
                            bias: torch.Tensor | None = None, scale_result: torch.Tensor | None = None,
                            out_dtype: torch.dtype = OUT_DTYPE, use_fast_accum: bool = False) -> torch.Tensor:
-    """What ``torch._scaled_mm(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype,
-    use_fast_accum)`` computes for FP4 operands, on any device (out_dtype defaults to float16 here).
+    """What ``torch._scaled_mm(mat1, mat2, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum)``
+    computes for FP4 operands, on any device (out_dtype defaults to float16 here), with the same checks
+    (mat1 row-major [M, K/2], mat2 column-major [K/2, N], flat blocked scale buffers, all on one device; and
+    `_check_epilogue`'s, what torch._scaled_mm refuses for FP4). It decodes the scales from the blocked
+    buffer, so a wrong layout gives wrong numbers here as it would on the GPU.
 
-    It takes the same arguments with the same checks (mat1 row-major [M, K/2], mat2 column-major
-    [K/2, N], flat blocked scale buffers, all on one device) and refuses what torch._scaled_mm
-    refuses for FP4: an output other than float16, bfloat16 or float32 (`OUT_DTYPES`),
-    ``use_fast_accum=True``, a bias for a float32 output or of another dtype than the output, a
-    scale_result that is not a float32 scalar. It decodes the scales from the blocked buffer, so a
-    wrong layout gives wrong numbers here as it would on the GPU.
-
-    What it promises: every dequantized operand and every product is exact in fp32; the sum over K
-    is an fp32 matmul (plus the bias, in fp32), then rounded to `out_dtype`. It is not exact: cuBLAS
-    also sums in fp32, in its own order, and any fp32 sum rounds its partial sums (at most about
-    K * 2^-24 times the sum of |products|): far inside rtol = atol = 1e-3 for data of mixed signs, but
-    where large products cancel it can swallow a whole small term (tests/test_scaled_mm.py: exact
-    answer 4, fp32 sum 0). The exact answer is nvfp4lib.reference's. Scales are decoded as signed
-    E4M3; cuBLAS reads them as unsigned UE4M3: the two agree for scales with the sign bit clear.
+    What it promises: every dequantized operand and every product is exact in fp32; the sum over K is an
+    fp32 matmul (plus the bias, in fp32), then rounded to `out_dtype`. It is not exact: cuBLAS also sums in
+    fp32, in its own order, and any fp32 sum rounds its partial sums (at most about K * 2^-24 times the sum
+    of |products|): far inside rtol = atol = 1e-3 for data of mixed signs, but where large products cancel it
+    can swallow a whole small term (tests/test_scaled_mm.py: exact answer 4, fp32 sum 0). The exact answer is
+    nvfp4lib.reference's. Scales are decoded as signed E4M3; cuBLAS reads them as unsigned UE4M3: the two
+    agree for scales with the sign bit clear.
     """
     _check_scaled_mm_args(mat1, mat2, scale_a, scale_b)
     _check_epilogue(mat2, bias, scale_result, out_dtype, use_fast_accum)
@@ -222,27 +216,20 @@ def _gemv_per_batch(data, blocked_a, blocked_b, gemm=None) -> torch.Tensor:
 
 
 def gemv_scaled_mm_reference(data) -> torch.Tensor:
-    """The leaderboard reference: per batch, ``A @ B_padded.T`` -> [M, 128], keep column 0.
-
-    The plain scales sfa[:, :, l], sfb[:, :, l] are rearranged into the blocked layout with
-    `to_blocked` on every call: a zero-padded copy plus a permuting copy per batch and operand,
-    i.e. extra kernels and an extra read + write of all the A scales (1/8 of A's bytes).
-    It is the baseline the other variants save against.
-    """
+    """The leaderboard reference: per batch, ``A @ B_padded.T`` -> [M, 128], keep column 0. The plain scales
+    sfa[:, :, l], sfb[:, :, l] are rearranged into the blocked layout with `to_blocked` on every call: a
+    zero-padded copy plus a permuting copy per batch and operand, i.e. extra kernels and an extra read + write
+    of all the A scales (1/8 of A's bytes). It is the baseline the other variants save against."""
     _checked(data)
     _, _, sfa, sfb, _, _, _ = data
     return _gemv_per_batch(data, *([to_blocked(sf[:, :, l]) for l in range(sf.shape[2])] for sf in (sfa, sfb)))
 
 
 def gemv_scaled_mm_permuted(data) -> torch.Tensor:
-    """As `gemv_scaled_mm_reference`, but the scales are per-batch views of sfa_permuted /
-    sfb_permuted.
-
-    Batch l of the permuted tensor is stored as exactly the bytes of the blocked buffer, so
-    `permuted_as_blocked(sfa_permuted, l)` is a view: the conversion kernels and their traffic
-    disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
-    this reason.
-    """
+    """As `gemv_scaled_mm_reference`, but the scales are per-batch views of sfa_permuted / sfb_permuted: batch l
+    of the permuted tensor is stored as exactly the bytes of the blocked buffer, so the conversion kernels and
+    their traffic disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
+    this reason."""
     return _gemv_per_batch(data, *_checked(data))
 
 
@@ -257,13 +244,10 @@ def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
 
 def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *,
                    side_stream: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Blocked [L, n] scales of A and B, as the transposed variant gets them: converted all
-    batches at once, on every call (A's on a side CUDA stream if `side_stream`).
-
-    Not cached: a cache would have to know that the scales are unchanged, and PyTorch's version
-    counter misses writes through ``.data``, through numpy, through another tensor over the
-    same storage and through raw pointers (kernels), so a cached buffer could be stale.
-    """
+    """Blocked [L, n] scales of A and B, as the transposed variant gets them: converted all batches at once, on
+    every call (A's on a side CUDA stream if `side_stream`). Not cached: a cache would have to know that the
+    scales are unchanged, and PyTorch's version counter misses writes through ``.data``, through numpy,
+    through another tensor over the same storage and through raw pointers (kernels)."""
     if not (side_stream and sfa.is_cuda):
         return convert_scales_batched(sfa), convert_scales_batched(sfb)
     caller, side = torch.cuda.current_stream(sfa.device), shared_pool(sfa.device, 1).streams[0]
@@ -280,16 +264,15 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
     """The same GEMM the other way round: ``B_padded @ A.T`` -> [128, M], keep row 0.
 
     Saves, against `gemv_scaled_mm_reference`:
-    * scale conversion kernels: all L batches are converted at once, on every call
-      (`blocked_scales`; ``side_stream=True`` overlaps the A and B conversions on two streams).
-    * a strided gather: the wanted output is row 0 of a row-major [128, M] result, M
-      contiguous fp16 values, instead of column 0 of [M, 128] (a stride-128 read).
-    * possibly GEMM time: the large dimension M becomes the GEMM's N (the side whose tile width
-      is flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's
-      heuristics pick a faster kernel this way is measured, not assumed (notebook 03).
-
-    `streams=n > 0` launches batch l on stream l % n of the device's `shared_pool` (CUDA only),
-    joined back into the caller's current stream (no device synchronize); one host thread at a time.
+    * scale conversion kernels: all L batches are converted at once, on every call (`blocked_scales`;
+      ``side_stream=True`` overlaps the A and B conversions on two streams).
+    * a strided gather: the wanted output is row 0 of a row-major [128, M] result, M contiguous fp16
+      values, instead of column 0 of [M, 128] (a stride-128 read).
+    * possibly GEMM time: the large dimension M becomes the GEMM's N (the side whose tile width is
+      flexible) and the 128 padded rows fill exactly one tile height. Whether cuBLAS's heuristics pick a
+      faster kernel this way is measured, not assumed (notebook 03).
+    `streams=n > 0` launches batch l on stream l % n of the device's `shared_pool` (CUDA only), joined back
+    into the caller's current stream (no device synchronize); one host thread at a time.
     """
     if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
         raise NVFP4InputError(f"streams: expected an int >= 0 (0 = the caller's stream), got {streams!r}")
@@ -337,13 +320,10 @@ def functional_unavailable_reason() -> str | None:
 
 
 def gemv_scaled_mm_functional(data) -> torch.Tensor:
-    """`gemv_scaled_mm_permuted` through the public ``torch.nn.functional.scaled_mm``.
-
-    The recipe is named instead of inferred from dtypes and sizes (BlockWise1x16 scales in the
-    SWIZZLE_32_4_4 = 128x4 blocked layout), so a wrong scale tensor is an error rather than
-    another scaling mode; it saves nothing at run time against the permuted variant.
-    Raises NotImplementedError when the installed PyTorch lacks the API.
-    """
+    """`gemv_scaled_mm_permuted` through the public ``torch.nn.functional.scaled_mm``. The recipe is named
+    instead of inferred from dtypes and sizes (BlockWise1x16 scales in the SWIZZLE_32_4_4 = 128x4 blocked
+    layout), so a wrong scale tensor is an error rather than another scaling mode; it saves nothing at run
+    time against the permuted variant. Raises NotImplementedError when the installed PyTorch lacks the API."""
     api = _functional_api()
     if api is None:
         raise NotImplementedError(functional_unavailable_reason())

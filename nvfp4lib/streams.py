@@ -1,38 +1,35 @@
 """Spread the L batches of one GEMV call over a few CUDA streams, joined back before return.
 
-A per-batch kernel that cannot fill the GPU on its own (one batch of a small shape, a cuBLAS
-GEMM with few tiles) may overlap with the next batch's when the two run on different streams.
-The price is host time: every stream used costs an event wait, a stream switch and an event
-record per call, and the leaderboard times each call on its own, so that cost is part of the score.
+A per-batch kernel that cannot fill the GPU on its own (one batch of a small shape, a cuBLAS GEMM with few
+tiles) may overlap with the next batch's when the two run on different streams. The price is host time: every
+stream used costs an event wait, a stream switch and an event record per call, and the leaderboard times each
+call on its own, so that cost is part of the score.
 
-Ordering with the caller. Work queued before the call on the caller's current stream (say, the
-inputs being written) must finish before any pool stream reads the inputs, and work queued after
-the call on the caller's stream must see c written. So `StreamPool.run` (behind `run_batches`
-and the transposed `_scaled_mm` GEMV) records one event on the caller's stream that every pool
-stream waits on before its batches, records one event on each pool stream after its batches,
-and makes the caller's stream wait on all of them before it returns. Nothing waits on the host
-(no synchronize): the call returns as soon as the work is queued, and the result is safe to use
-on the caller's stream, exactly like a single kernel.
-This fork/join pattern is also legal inside CUDA graph capture, so a graph can record it.
+Ordering with the caller. Work queued before the call on the caller's current stream
+(say, the inputs being written) must finish before any pool stream reads the inputs, and work queued after the
+call on the caller's stream must see c written. So `StreamPool.run` (behind `run_batches` and the transposed
+`_scaled_mm` GEMV) records one event on the caller's stream that every pool stream waits on before its
+batches, records one event on each pool stream after its batches, and makes the caller's stream wait on all of
+them before it returns. Nothing waits on the host (no synchronize): the call returns as soon as the work is
+queued, and the result is safe to use on the caller's stream, exactly like a single kernel. This fork/join
+pattern is also legal inside CUDA graph capture, so a graph can record it.
 
-Memory (PyTorch's caching allocator). A block is handed out again as soon as its tensor is
-freed on the host, to later work on the stream that allocated it; that is only safe for work
-ordered after every use. Here:
-* the inputs and c belong to the caller, as do buffers it made for the call before the fork
-  (the transposed GEMV's converted scales); the per-batch views made here allocate nothing,
-  and the join orders every later use or free on the caller's stream after the pool's work;
-* temporaries that a per-batch function allocates on a pool stream (cuBLAS outputs, say) are
-  used and freed on that stream only, so the allocator's reuse is in stream order;
-* the per-batch function writes its result into the c of the tuple it is given (every GEMV here
-  does) and its return value is dropped, so no tensor made on a pool stream reaches the caller
-  and none needs ``record_stream``.
-One rule follows for state that a per-batch function creates lazily and keeps (a lookup table
-made on first use, say): made inside a pool stream on the first call, other pool streams could
-read it before it is written. Call the function once on the caller's stream first (a warm-up).
+Memory (PyTorch's caching allocator). A block is handed out again as soon as its tensor is freed on the
+host, to later work on the stream that allocated it; that is only safe for work ordered after every use:
+* the inputs and c belong to the caller, as do buffers it made for the call before the fork (the
+  transposed GEMV's converted scales); the per-batch views made here allocate nothing, and the join
+  orders every later use or free on the caller's stream after the pool's work;
+* temporaries that a per-batch function allocates on a pool stream (cuBLAS outputs, say) are used and
+  freed on that stream only, so the allocator's reuse is in stream order;
+* the per-batch function writes its result into the c of the tuple it is given (every GEMV here does)
+  and its return value is dropped, so no tensor made on a pool stream reaches the caller and none needs
+  ``record_stream``.
+State that a per-batch function creates lazily and keeps (a lookup table made on first use, say), made
+inside a pool stream on the first call, could be read by other pool streams before it is written: call
+the function once on the caller's stream first (a warm-up).
 
-Without CUDA (or for inputs on the CPU) the batches run one after another through the same
-per-batch function, so the splitting logic is exercised everywhere.
-"""
+Without CUDA (or for inputs on the CPU) the batches run one after another through the same per-batch function,
+so the splitting logic is exercised everywhere."""
 
 from __future__ import annotations
 
@@ -47,12 +44,9 @@ _SPLIT_CACHE_ENTRIES = 4
 
 
 def batch_views(data) -> tuple[tuple, ...]:
-    """The 7-tuple of batch l for every l: views ``t[..., l:l+1]`` of each tensor, no copies.
-
-    L is the last dimension of all seven tensors, and slicing it keeps the documented strides
-    (a size-1 dimension's stride never matters), so each view is itself a valid GEMV input with
-    L = 1 whose data pointers are offset to batch l.
-    """
+    """The 7-tuple of batch l for every l: views ``t[..., l:l+1]`` of each tensor, no copies. Slicing L (the
+    last dimension of all seven) keeps the documented strides (a size-1 dimension's stride never matters),
+    so each view is itself a valid GEMV input with L = 1 whose data pointers are offset to batch l."""
     n_batches = data[0].shape[-1]
     return tuple(tuple(t[..., l:l + 1] for t in data) for l in range(n_batches))
 
@@ -74,14 +68,11 @@ def _resolved_device(device) -> torch.device:
 
 
 class StreamPool:
-    """``n`` CUDA streams and the events that join them to a caller, created once and reused.
-
-    One pool serves one host thread at a time (its events are reused by every call). PyTorch
-    hands out ``torch.cuda.Stream()`` round-robin from a fixed set per device (32 per priority),
-    so the n <= 32 streams of one pool are distinct, though pools may share streams with each
-    other (harmless: the events order the work either way). Without CUDA, or with
-    ``device="cpu"``, it holds no streams and `run_batches` runs sequentially.
-    """
+    """``n`` CUDA streams and the events that join them to a caller, created once and reused. One pool serves one
+    host thread at a time (its events are reused by every call). PyTorch hands out ``torch.cuda.Stream()``
+    round-robin from a fixed set per device (32 per priority), so the n <= 32 streams of one pool are distinct,
+    though pools may share streams with each other (harmless: the events order the work either way). Without CUDA, or
+    with ``device="cpu"``, it holds no streams (`run_batches` is sequential)."""
 
     def __init__(self, n: int, device=None):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -101,20 +92,14 @@ class StreamPool:
         return bool(self.streams)
 
     def split(self, data) -> tuple[tuple, ...]:
-        """`batch_views(data)`, remembered for the last few input tuples.
-
-        Making the views costs a few microseconds of host time per batch; a repeated call on
-        the same tensors reuses them (a `TupleCache`, keyed on the tensors, not the container).
-        """
+        """`batch_views(data)`, remembered for the last few input tuples (a `TupleCache`): making the views costs
+        a few microseconds of host time per batch, which a repeated call on the same tensors saves."""
         return self._splits.get(data, _checked_batch_views)
 
     def run(self, fn: Callable, items) -> None:
-        """``fn(item)`` for every item, item i on stream i % n, joined into the caller's stream.
-
-        Only min(n, len(items)) streams are used; `items` is any sliceable sequence (per-batch
-        tuples, a range of batch indices). CUDA pools only; see the module docstring for the
-        ordering and for what ``fn`` may allocate.
-        """
+        """``fn(item)`` for every item, item i on stream i % n, joined into the caller's stream; only
+        min(n, len(items)) streams are used. `items` is any sliceable sequence (per-batch tuples, a range of
+        batch indices). CUDA pools only; the module docstring says how it is ordered and what ``fn`` may allocate."""
         caller = torch.cuda.current_stream(self.device)
         n = min(self.n, len(items))
         self._ready.record(caller)
@@ -151,14 +136,10 @@ def shared_pool(device, n: int) -> StreamPool:
 
 
 def run_batches(per_batch_fn: Callable, data, pool: StreamPool) -> torch.Tensor:
-    """Run ``per_batch_fn(batch_data)`` for every batch of ``data``; batch l on stream l % n.
-
-    ``per_batch_fn`` is any GEMV that accepts the 7-tuple with L = 1 and writes its c (a
-    `_scaled_mm` variant, a `CuteGemv` made with enough `cache_entries` for L tuples, ...). Only
-    min(n, L) streams are used. Returns c of ``data``, ready for use on the caller's current stream
-    (see the module docstring; warm the function up on the caller's stream once if it creates
-    shared state lazily).
-    """
+    """Run ``per_batch_fn(batch_data)`` for every batch of ``data``, batch l on stream l % n (`StreamPool.run`);
+    return c of ``data``, ready for use on the caller's current stream. ``per_batch_fn`` is any GEMV that accepts
+    the 7-tuple with L = 1 and writes its c (a `_scaled_mm` variant, a `CuteGemv` made with enough
+    `cache_entries` for L tuples, ...), warmed up once on the caller's stream if it creates shared state lazily."""
     batches = pool.split(data)
     *_, c = data
     if not c.is_cuda:

@@ -1,8 +1,7 @@
 """The constants of the CuTe kernels' FP4 decodes: plain integers and floats, no DSL needed.
 
 The kernels trace them (`nvfp4lib.cute.decode`); the bit-exact numpy models of the decodes
-(`nvfp4lib.study.decode_models`) import them from here, so a model always checks the numbers the
-kernels use.
+(`nvfp4lib.study.decode_models`) import them from here, so a model always checks the numbers the kernels use.
 """
 
 FP16X2_2_POW_14 = 0x74007400  # half2(16384, 16384): brings bit-trick values back to their true size

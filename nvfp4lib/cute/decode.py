@@ -1,23 +1,21 @@
 """FP4 (E2M1) decode and 16-code block dot products, as the CuTe kernels trace them.
 
 Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is compiled
-(`nvfp4lib.cute.gemv.resolve_decode`):
+(`nvfp4lib.cute.launch.resolve_decode`):
 
 * "hw" (sm_100a and newer): Blackwell's ``cvt.rn.f16x2.e2m1x2``, one instruction per byte
   (`decode_word_hw`); true fp16 values.
-* "lut" (Hopper's default): ``prmt`` looks the codes up in a byte table of twice their magnitudes
-  held in two immediates (`decode_word_lut`), or in two registers that each lane loaded from its own
-  copy in shared memory (`lut_table`: then ptxas does not move the table into a register again
-  before every lookup), and integer ``dp4a`` multiplies (`block_dot_lut`).
-* "bitops" (any target): integer operations rebuild the fp16 bit patterns, which come out as the
-  value times 2^-14 (`decode_word_bitops`).
+* "lut" (Hopper's default): ``prmt`` looks the codes up in a byte table of twice their magnitudes held
+  in two immediates (`decode_word_lut`) or in two registers (`lut_table` says why), and integer ``dp4a``
+  multiplies (`block_dot_lut`).
+* "bitops" (any target): integer operations rebuild the fp16 bit patterns, which come out as the value
+  times 2^-14 (`decode_word_bitops`).
 
-A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or
-in int32 (`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is
-folded into B's block scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers:
-a kernel calls them while it is traced, so they emit their instructions inline; the study wing
-(`nvfp4lib.study.decode_models`) models each of them bit for bit in numpy.
-"""
+A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or in int32
+(`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is folded into B's block
+scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers: a kernel calls them while it is
+traced, so they emit their instructions inline; the study wing (`nvfp4lib.study.decode_models`) models each of
+them bit for bit in numpy."""
 
 from __future__ import annotations
 
@@ -41,14 +39,11 @@ def half2_sum_f32(h2):
 
 
 def decode_word_bitops(word):
-    """8 E2M1 codes (one 32-bit word) -> 4 half2 holding value * 2^-14, with bit operations.
-
-    An E2M1 code is [sign | e1 e0 | m]. Placing e1 e0 m into fp16 bits 11..9 (the two low
-    exponent bits and the top mantissa bit) and the sign into bit 15 gives an fp16 equal
-    to the E2M1 value times 2^-14, for normal and subnormal codes alike. Each byte is first
-    rewritten as [s 0 0 0 e1 e0 m 0], then a byte permute lifts two bytes into one half2.
-    Pairs come out as (n2, n6), (n0, n4), (n3, n7), (n1, n5); A and B use the same order.
-    """
+    """8 E2M1 codes (one 32-bit word) -> 4 half2 holding value * 2^-14, with bit operations. An E2M1 code
+    is [sign | e1 e0 | m]. Placing e1 e0 m into fp16 bits 11..9 (the two low exponent bits and the top mantissa
+    bit) and the sign into bit 15 gives an fp16 equal to the E2M1 value times 2^-14, for normal and subnormal
+    codes alike. Each byte is first rewritten as [s 0 0 0 e1 e0 m 0], then a byte permute lifts two bytes into
+    one half2. Pairs come out as (n2, n6), (n0, n4), (n3, n7), (n1, n5); A and B use the same order."""
     x = Uint32(word)
     even = ((x << 1) & Uint32(0x0E0E0E0E)) | ((x << 4) & Uint32(0x80808080))
     odd = ((x >> 3) & Uint32(0x0E0E0E0E)) | (x & Uint32(0x80808080))
@@ -78,11 +73,9 @@ def decode_b_word(word, hw_e2m1: bool):
 
 
 def block_dot(a_words, b_halves, hw_e2m1: bool):
-    """Sum of a 16-element block (2 words of A, 8 half2 of B) in packed fp16, as fp32.
-
-    Exact: every product is a multiple of 2^-16 (bit trick) or 1/4 (hardware decode) and
-    each half2 lane sums 8 products of magnitude <= 36, which fp16 represents exactly.
-    """
+    """Sum of a 16-element block (2 words of A, 8 half2 of B) in packed fp16, as fp32. Exact: every product is a
+    multiple of 2^-16 (bit trick) or 1/4 (hardware decode) and each half2 lane sums 8 products of magnitude <= 36,
+    which fp16 represents exactly."""
     acc = Int32(0)
     for w in range(2):
         a_halves = decode_word_hw(a_words[w]) if hw_e2m1 else decode_word_bitops(a_words[w])
@@ -95,12 +88,10 @@ def block_dot(a_words, b_halves, hw_e2m1: bool):
 
 
 def lookup4(selectors, table=None):
-    """Bytes 2|v| of the 4 codes in the low 16 bits of ``selectors``; 0 for negative codes.
-
-    ``prmt`` picks byte ``code & 7`` of the table; a code's sign bit is prmt's
-    sign-replicate flag, which yields 0x00 because no table byte has its top bit set.
-    ``table``: (LUT_LO, LUT_HI) in registers (`lut_table`, looked up with `prmt_lookup`); None: immediates.
-    """
+    """Bytes 2|v| of the 4 codes in the low 16 bits of ``selectors``; 0 for negative codes. ``prmt`` picks byte
+    ``code & 7`` of the table; a code's sign bit is prmt's sign-replicate flag, which yields 0x00 because no table
+    byte has its top bit set. ``table``: (LUT_LO, LUT_HI) in registers (`lut_table`, looked up with `prmt_lookup`);
+    None: immediates."""
     if table is None:
         return prmt_table(LUT_LO, LUT_HI, selectors)
     return prmt_lookup(table[0], table[1], selectors)
@@ -124,11 +115,9 @@ def lut_table(table_addr, lane):
 
 
 def decode_word_lut(word, table=None):
-    """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones.
-
-    Returns (pos 0-3, pos 4-7, neg 0-3, neg 4-7): four words of 4 bytes, a byte 0 where the
-    code has the other sign. a . b = pos . b + neg . (-b) then needs no sign arithmetic.
-    """
+    """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones. Returns (pos 0-3, pos 4-7, neg 0-3,
+    neg 4-7): four words of 4 bytes, a byte 0 where the code has the other sign. a . b = pos . b + neg . (-b) then
+    needs no sign arithmetic."""
     x = Uint32(word)
     flipped = x ^ Uint32(SIGN_BITS)
     return (lookup4(Int32(x), table), lookup4(Int32(x >> 16), table), lookup4(Int32(flipped), table),
@@ -172,10 +161,8 @@ def chunk_dots(a_words, b_dec, decode: str, table=None, negated: bool = True):
 
 
 def block_dot_lut(a_words, b_bytes, table=None):
-    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32.
-
-    Exact: |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude.
-    """
+    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32. Exact:
+    |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude."""
     acc = Int32(0)
     for w in range(2):
         parts = decode_word_lut(a_words[w], table)

@@ -1,36 +1,24 @@
 """CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel, and their host side.
 
-Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4
-decode is picked at compile time from the target (``resolve_decode``): Blackwell (sm_100a and
-newer) has the hardware ``cvt.rn.f16x2.e2m1x2``; Hopper has no FP4 instruction, so the fast
-kernel looks codes up in a byte table with ``prmt`` and multiplies with integer ``dp4a``, and
-the naive one (or ``decode="bitops"``) rebuilds fp16 bit patterns with integer operations. That
-arithmetic lives in `nvfp4lib.cute.decode`, the PTX instructions under it (loads, ``cvt``,
-``prmt``, ``dp4a``) in `nvfp4lib.cute.ptx`; this module holds what the kernels do with them.
-Scales use ``cvt.rn.f16x2.e4m3x2`` (sm_89+).
+Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4 decode is picked per
+target when a kernel is compiled (`launch.resolve_decode`); the decodes and their block sums are in
+`nvfp4lib.cute.decode`, the PTX under them in `nvfp4lib.cute.ptx`: this module holds what the kernels do with
+them.
 
-Two fast kernels, picked per K by ``default_config``. The fast kernel proper gives each warp
-``rows_per_warp`` rows of one batch at a time (a "row group"; warps walk row groups grid-stride).
-The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so every load of A
-is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once
-per chunk and reused for all rows of the warp. The loads of the next step are issued before the
-math of the current one. Each 16-element block is summed exactly (packed fp16, or int32 with the
-lookup: see `nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the
-warp with shuffles, and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64
-contiguous bytes per warp load); the permuted tensor-core layout is an option, slower for this
-access pattern (docs/cute_kernel_notes.md). The tiled kernel (``TiledConfig``) gives each block a
-tile of consecutive rows of one batch, decodes that batch's B once into shared memory, and lets
-each warp stream its rows in address order, running on from one row into the next, so no step
-computes on padding whatever K.
+The fast kernel proper gives each warp ``rows_per_warp`` rows of one batch at a time (a "row group"; warps
+walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so
+every load of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded
+once per chunk and reused for all rows of the warp. Each 16-element block is summed exactly
+(`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp with shuffles,
+and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load);
+the permuted tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
+`default_config` picks it, the tiled kernel (`TiledConfig`) or a per-K kernel (`nvfp4lib.cute.whole_k`) per K.
 
-The kernels need nvidia-cutlass-dsl 4.6.0 or newer (``device.MIN_CUTE_DSL``); an older or
-missing DSL is refused when compiling, with a message naming the version (``DSL_PROBLEM``). The
-public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL
-removed in 4.7.0, so the leaderboard ran 4.6.x or older; where these kernels cannot be built, the
-exported submissions fall back (nvfp4lib.leaderboard.export). They are called through TVM-FFI (integers
-and the raw stream handle, the cheapest host call) when apache-tvm-ffi is installed, and through
-the DSL's plain call path (``Int64``/``Int32`` arguments and a ``CUstream``) when it is not.
-"""
+The public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL removed
+in 4.7.0, so the leaderboard ran 4.6.x or older (the kernels need 4.6.0, `device.MIN_CUTE_DSL`); where these
+kernels cannot be built, the exported submissions fall back (nvfp4lib.leaderboard.export). They are called
+through TVM-FFI (integers and the raw stream handle, the cheapest host call) where apache-tvm-ffi is
+installed, else through the DSL's plain call path (`launch_arguments`)."""
 
 from __future__ import annotations
 
@@ -41,16 +29,15 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.caches import TupleCache, is_validated_once
-from nvfp4lib.contract import (B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of,
-                               validate_gemv_input)
+from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, decode_b_word, decode_b_word_as,
                                   decode_factor, decode_word_bitops, decode_word_hw, loads_xor, lut_table,
                                   lut_table_smem, scaled_b, store_lut_table)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
                                half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
                                ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
-from nvfp4lib.cute.launch import (compile_artifact, compile_launch, compile_target, compiled_kernel, has_tvm_ffi,
-                                  leaderboard_tensors, resolve_decode)
+from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
+                                  resolve_decode)
 from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities
 
@@ -124,11 +111,8 @@ class FastConfig(OneKernelForEveryK):
 
 
 def _make_staging(rows: int, unroll: int):
-    """Register buffers for one step's loads: A words and scales of R rows, B words and scales.
-
-    A step is U chunks of 16 bytes per lane. Keeping the loads in buffers lets the
-    pipelined kernel issue the next step's loads before it computes the current one.
-    """
+    """Register buffers for one step's loads (U chunks of 16 bytes per lane): A words and scales of R rows, B
+    words and scales, so that the kernel can issue the next step's loads before it computes the current one."""
     return (cute.make_rmem_tensor((rows * unroll * 4,), Int32), cute.make_rmem_tensor((rows * unroll,), cutlass.Int16),
             cute.make_rmem_tensor((unroll * 4,), Int32), cute.make_rmem_tensor((unroll,), cutlass.Int16))
 
@@ -181,12 +165,8 @@ def _prefetch_step(group, step, n_groups, n_chunks, lane, rows: int, unroll: int
 
 
 class _RowGroup:
-    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales.
-
-    Scales come from the plain [rows, K/16] layout (a lane's 2 scales sit next to its
-    neighbours', so a warp's scale load is 64 contiguous bytes) or from the permuted
-    tensor-core layout (2 bytes in each of 16 different 512-byte atoms per warp load).
-    """
+    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales: plain [rows, K/16] (a
+    warp's scale load is 64 contiguous bytes) or permuted (2 bytes in each of 16 512-byte atoms per warp load)."""
 
     def __init__(self, a, b, sfa, sfb, group, rows: int, permuted: bool):
         m_rows, kh = a.shape[0], a.shape[1]
@@ -216,6 +196,14 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
     """The fast kernel for one config and FP4 decode (``resolve_decode``), to launch or compile."""
     R, W, U = cfg.rows_per_warp, cfg.warps_per_block, cfg.unroll
     P = cfg.permuted_scales
+
+    @cute.jit
+    def next_step(group, step, steps_per_group, stride):
+        """(row group, step) after step ``step`` of row group ``group``: a warp's next row group starts at step 0."""
+        step = step + 1
+        if step == steps_per_group:
+            group, step = group + stride, Int32(0)
+        return group, step
 
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
@@ -250,21 +238,15 @@ def make_fast_kernel(cfg: FastConfig, decode: str):
         # (pf_group, pf_step): the step prefetched into L2 last, `cfg.prefetch` steps ahead of the loads
         pf_group, pf_step = first, Int32(0)
         for _ in cutlass.range_constexpr(cfg.prefetch):
-            pf_step = pf_step + 1
-            if pf_step == steps_per_group:
-                pf_group, pf_step = pf_group + stride, Int32(0)
+            pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
             _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
         for t in range(n_steps):
             values = _stage_snapshot(stage)
-            load_step = load_step + 1
-            if load_step == steps_per_group:
-                load_group, load_step = load_group + stride, Int32(0)
+            load_group, load_step = next_step(load_group, load_step, steps_per_group, stride)
             _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), load_step * 32 * U + lane, n_chunks,
                          t + 1 < n_steps, R, U, cfg.a_load)
             if cutlass.const_expr(cfg.prefetch > 0):
-                pf_step = pf_step + 1
-                if pf_step == steps_per_group:
-                    pf_group, pf_step = pf_group + stride, Int32(0)
+                pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
                 _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
             if cutlass.const_expr(cfg.compute):
                 for u in cutlass.range_constexpr(U):
@@ -296,14 +278,11 @@ STATIC_SMEM_BYTES = 48 * 1024  # shared memory a kernel may declare statically
 
 @dataclass(frozen=True)
 class TiledConfig(OneKernelForEveryK):
-    """Compile-time shape of the tiled kernel (one compiled variant per config).
-
-    A block owns ``rows_per_block`` consecutive rows of one batch (contiguous bytes of A) and
-    decodes that batch's B once into shared memory; each warp streams its share of the rows in
-    address order, ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
-    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is
-    sized for it at compile time.
-    """
+    """Compile-time shape of the tiled kernel (one compiled variant per config). A block owns ``rows_per_block``
+    consecutive rows of one batch (contiguous bytes of A) and decodes that batch's B once into shared memory;
+    each warp streams its share of the rows in address order, running on from one row into the next (no step
+    computes on padding, whatever K), ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
+    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is sized for it."""
 
     rows_per_block: int = 32
     warps_per_block: int = 8
@@ -490,14 +469,10 @@ and by leaderboard time, and faster there than the fast and tiled kernels."""
 
 
 def default_config(k: int) -> FastConfig | TiledConfig | WholeKConfig:
-    """The fast kernel's config for this K, as measured best on the H200.
-
-    At the K of `PER_K_DEFAULTS`, its per-K kernel. Elsewhere: WIDE reads longer runs of each row,
-    which the memory system serves better, but a step covers 64 chunks of 16 bytes; where K/32
-    chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its last step computes on
-    zeros. There the tiled kernel, whose warps run on from one row into the next, is faster (up to
-    TILED.max_k; WIDE beyond).
-    """
+    """The fast kernel's config for this K, as measured best on the H200: at the K of `PER_K_DEFAULTS`, its per-K
+    kernel. Elsewhere WIDE reads longer runs of each row, which the memory system serves better, but a step
+    covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its
+    last step computes on zeros, and the tiled kernel is faster (up to TILED.max_k; WIDE beyond)."""
     if k in PER_K_DEFAULTS:
         return PER_K_DEFAULTS[k]
     return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 or k > TILED.max_k else TILED
@@ -510,51 +485,33 @@ def sm_count() -> int:
 
 def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
                  options: str = "", tvm_ffi: bool | None = None):
-    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed.
-
-    "fast" builds the kernel of the config's class: the fast kernel of a `FastConfig`, the tiled
-    kernel of a `TiledConfig` (the naive one of a `NaiveConfig`); "naive" the naive kernel with
-    ``cfg``'s decode.
-
-    ``options`` are extra CuTe DSL compile options (``compile_ptx`` uses them). ``tvm_ffi``: compile
-    for TVM-FFI calls (`launch_arguments` says what each kind of call takes); None: where
-    apache-tvm-ffi is installed.
-    """
+    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed. "fast" builds the
+    kernel of the config's class (`FastConfig`, `TiledConfig`, `NaiveConfig`), "naive" the naive kernel with
+    ``cfg``'s decode. ``options``, ``tvm_ffi``: as `launch.compile_launch`'s (`launch_arguments` says what each
+    kind of call takes)."""
     if variant not in ("fast", "naive"):
         raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
     arch = compile_target(arch)
     cfg = _kernel_config(variant, cfg)
     decode = resolve_decode(arch, cfg.decode)
     if isinstance(cfg, NaiveConfig):
-        kernel = make_naive_kernel(decode == "hw")
-        threads, rows_per_block = NAIVE_THREADS, NAIVE_THREADS  # a thread per row
-        max_blocks = 1 << 30
-    elif isinstance(cfg, TiledConfig):
-        kernel = make_tiled_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = 1 << 30  # a block per tile
+        kernel, threads, rows_per_block = make_naive_kernel(decode == "hw"), NAIVE_THREADS, NAIVE_THREADS  # a row each
     else:
-        kernel = make_fast_kernel(cfg, decode)
-        threads, rows_per_block = 32 * cfg.warps_per_block, cfg.rows_per_block
-        max_blocks = sm_count() * cfg.blocks_per_sm
-    permuted = cfg.permuted_scales
+        make = make_tiled_kernel if isinstance(cfg, TiledConfig) else make_fast_kernel
+        kernel, threads, rows_per_block = make(cfg, decode), 32 * cfg.warps_per_block, cfg.rows_per_block
+    # the fast kernel's warps loop over row groups; the others have a block per tile of rows
+    max_blocks = sm_count() * cfg.blocks_per_sm if isinstance(cfg, FastConfig) else 1 << 30
 
-    @cute.jit
-    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
-               stream):
-        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted)
-        n_blocks = cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks)
-        kernel(a, b, sfa, sfb, c).launch(grid=[n_blocks, 1, 1], block=[threads, 1, 1], stream=stream)
+    def grid(m, l):
+        return [cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks), 1, 1]
 
-    return compile_launch(launch, [Int64(0)] * 5 + [Int32(1)] * 3, arch, options, tvm_ffi)
+    return compile_gemv_launch(kernel, grid, threads, cfg.permuted_scales, arch, options, tvm_ffi)
 
 
 def check_launch_bounds(shape) -> None:
-    """Refuse a shape whose row count or B batch stride would overflow the kernels' 32-bit integers.
-
-    Every 32-bit quantity of a launch is bounded by M * L or by B_ROWS * K/2 (B's and its scales' batch
-    strides, B padded to 128 rows); addresses inside a batch are 64-bit. Checked on the host, once per input.
-    """
+    """Refuse a shape whose row count or B batch stride would overflow the kernels' 32-bit integers. Every 32-bit
+    quantity of a launch is bounded by M * L or by B_ROWS * K/2 (B's and its scales' batch strides, B padded to 128
+    rows); addresses inside a batch are 64-bit. Checked on the host, once per input."""
     m, k, l = shape
     if m * l > MAX_ROWS:
         raise NVFP4InputError(f"a: expected M * L <= {MAX_ROWS} (the CuTe kernels count rows over all batches in "
@@ -599,13 +556,10 @@ def compile_cubin(variant: str = "fast", arch: str = "sm_100a",
 
 
 class CuteGemv:
-    """A compiled kernel bound to this GPU, called with the leaderboard tuple.
-
-    ``cfg=None`` (the fast variant's default) picks ``default_config(K)`` per input. The
-    per-call host path is kept to a dict lookup and one call of the compiled kernel (through
-    TVM-FFI with integer arguments where apache-tvm-ffi is installed): inputs are validated once
-    per input tuple and their launch arguments and kernel remembered with it (``TupleCache``).
-    """
+    """A compiled kernel bound to this GPU, called with the leaderboard tuple; ``cfg=None`` (the fast variant's
+    default) picks ``default_config(K)`` per input. The per-call host path is a dict lookup and one call of the
+    compiled kernel: inputs are validated once per input tuple, and their launch arguments and kernel remembered
+    with it (``TupleCache``)."""
 
     def __init__(self, variant: str = "fast", cfg: FastConfig | TiledConfig | WholeKConfig | None = None,
                  cache_entries: int = 4):
@@ -672,11 +626,8 @@ _runners: dict[tuple, CuteGemv] = {}
 
 
 def gemv_cute(data, variant: str = "fast", cfg: FastConfig | TiledConfig | None = None, stream=None) -> torch.Tensor:
-    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c.
-
-    Kernels are compiled once per (variant, config) and kept; ``cfg=None`` picks the default
-    config for the input's K (``default_config``).
-    """
+    """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c. Kernels are
+    compiled once per (variant, config) and kept; ``cfg=None`` picks ``default_config`` for the input's K."""
     runner = _runners.get((variant, cfg))
     if runner is None:
         runner = _runners[variant, cfg] = CuteGemv(variant, cfg)

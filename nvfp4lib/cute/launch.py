@@ -1,6 +1,6 @@
 """Compiling and launching the CuTe kernels, shared by every kernel family (`gemv`, `whole_k`) and the
-streaming read: the target and its decode, TVM-FFI or plain calls, and the kernels' view of the
-leaderboard's tensors from raw addresses."""
+streaming read: the target and its decode, TVM-FFI or plain calls, and the kernels' view of the leaderboard's
+tensors from raw addresses."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import functools
 import tempfile
 
 from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
-from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, cute, cutlass
+from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, Int32, Int64, cute, cutlass
 from nvfp4lib.device import capabilities
 
 
@@ -19,11 +19,9 @@ def _gmem_tensor(dtype, address, shape, stride, align: int):
 
 
 def leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales: bool):
-    """CuTe views of the five tensors from their addresses, K/2, M and L.
-
-    The call passes plain integers only (TVM-FFI converts those far faster than tensors).
-    The strides are the documented ones, which the caller validated once per input.
-    """
+    """CuTe views of the five tensors from their addresses, K/2, M and L. The call passes plain integers only
+    (TVM-FFI converts those far faster than tensors). The strides are the documented ones, which the caller validated
+    once per input."""
     u8 = cutlass.Uint8
     a = _gmem_tensor(u8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
     b = _gmem_tensor(u8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
@@ -85,6 +83,20 @@ def compile_launch(launch, example_args, arch: str | None = None, options: str =
     tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
     return cute.compile(launch, *example_args, make_fake_stream(),
                         options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
+
+
+def compile_gemv_launch(kernel, grid, threads: int, permuted_scales: bool, arch: str | None, options: str = "",
+                        tvm_ffi: bool | None = None, example_kh: int = 1):
+    """`compile_launch` of the launch every GEMV kernel has: ``kernel(a, b, sfa, sfb, c)`` on the
+    `leaderboard_tensors` of (5 addresses, K/2, M, L), ``threads`` per block, ``grid(m, l)`` blocks (traced:
+    M and L are runtime values). Called with `gemv.launch_arguments` and the stream."""
+    @cute.jit
+    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
+               stream):
+        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, permuted_scales)
+        kernel(a, b, sfa, sfb, c).launch(grid=grid(m, l), block=[threads, 1, 1], stream=stream)
+
+    return compile_launch(launch, [Int64(0)] * 5 + [Int32(example_kh)] + [Int32(1)] * 2, arch, options, tvm_ffi)
 
 
 @functools.cache

@@ -1,25 +1,21 @@
 """The CuTe DSL, imported once, and the PTX instructions the CuTe kernels use, as DSL ops.
 
-The DSL is optional: the rest of the package works without it. It is imported here, guarded, and
-the other CuTe modules take its names from this module, so there is one place that says whether it
-is there and new enough (`DSL_PROBLEM`). The kernels need nvidia-cutlass-dsl 4.6.0 or newer
-(`device.MIN_CUTE_DSL`: ``cute.arch.inline_ptx`` and ``cute.arch.fma_packed_f16x2`` first appear there).
+The DSL is optional: the rest of the package works without it. It is imported here, guarded, and the other
+CuTe modules take its names from this module, so there is one place that says whether it is there and new
+enough (`DSL_PROBLEM`; the kernels need nvidia-cutlass-dsl 4.6.0 or newer, `device.MIN_CUTE_DSL`).
 
-Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it
-takes the caller's source location, so compiler diagnostics point at the kernel line that called
-it). Called from inside a ``@cute.kernel``, an op is traced inline: it emits exactly the PTX
-written here and nothing else, so the kernels choose every load and conversion instruction
-themselves. The ops take and return the DSL's 32-bit registers (``Int32``, ``Float32``), whatever
-the PTX types inside. ISA facts they rely on are modelled, and checked on any machine, in
-`nvfp4lib.study.decode_models`.
-"""
+Each op below is one ``cute.arch.inline_ptx`` block wrapped as a DSL user op (``@dsl_user_op``: it takes the
+caller's source location, so compiler diagnostics point at the kernel line that called it). Called from inside
+a ``@cute.kernel``, an op is traced inline: it emits exactly the PTX written here and nothing else, so the
+kernels choose every load and conversion instruction themselves. The ops take and return the DSL's 32-bit
+registers (``Int32``, ``Float32``), whatever the PTX types inside. ISA facts they rely on are modelled, and
+checked on any machine, in `nvfp4lib.study.decode_models`."""
 
 from __future__ import annotations
 
 from nvfp4lib.device import cute_dsl_version_problem
 
-# The CuTe DSL is optional: everything else in the package works without it. (An exported file runs
-# this block among its imports, above every inlined function: it may use builtins only.)
+# An exported file runs this block among its imports, above every inlined function: it may use builtins only.
 try:
     import cutlass
     import cutlass.cute as cute
@@ -51,20 +47,25 @@ DSL_PROBLEM = dsl_problem()
 # --------------------------------------------------------------------------- global loads
 
 
+V4_WORDS = "{{$w0}, {$w1}, {$w2}, {$w3}}"  # the 4 words a 128-bit load writes, as an inline_ptx operand list
+
+
+def _v4_load(load: str, args: list, pred, loc, ip):
+    """The 128-bit load ``load`` (of `V4_WORDS`, its inputs ``args``), where ``pred`` is true and zeros elsewhere
+    (``pred`` None: unpredicated)."""
+    if pred is not None:
+        load = (f"{{ .reg .pred p;\n setp.ne.b32 p, {{$r{len(args)}}}, 0;\n"
+                " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
+                f" @p {load} }}")
+        args = [*args, Int32(pred)]
+    return cute.arch.inline_ptx(load, write_only_types=[Int32] * 4, read_only_args=args, loc=loc, ip=ip)
+
+
 @dsl_user_op
 def ld_global_v4_if(ptr, pred, hint: str, *, loc=None, ip=None):
     """128-bit load (4 words) that yields zeros where ``pred`` is false (K tails, pipeline end).
-
-    ``hint`` is the PTX qualifiers between ``ld.global`` and ``.v4``, e.g. ``".nc"``.
-    """
-    return cute.arch.inline_ptx(
-        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n"
-        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
-        f" @p ld.global{hint}.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}]; }}",
-        write_only_types=[Int32] * 4,
-        read_only_args=[ptr, Int32(pred)],
-        loc=loc, ip=ip,
-    )
+    ``hint`` is the PTX qualifiers between ``ld.global`` and ``.v4``, e.g. ``".nc"``."""
+    return _v4_load(f"ld.global{hint}.v4.u32 {V4_WORDS}, [{{$r0}}];", [ptr], pred, loc, ip)
 
 
 @dsl_user_op
@@ -72,10 +73,7 @@ def ld_global_u16_if(ptr, pred, *, loc=None, ip=None):
     """16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false."""
     return cute.arch.inline_ptx(
         "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc.u16 {$w0}, [{$r0}]; }",
-        write_only_types=[Int16],
-        read_only_args=[ptr, Int32(pred)],
-        loc=loc, ip=ip,
-    )
+        write_only_types=[Int16], read_only_args=[ptr, Int32(pred)], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -93,10 +91,8 @@ def prefetch_l2_if(ptr, nbytes, max_bytes: int, pred, *, loc=None, ip=None):
     cute.arch.inline_ptx(
         "{ .reg .pred p; .reg .b32 n;\n setp.ne.b32 p, {$r2}, 0;\n"
         f" min.s32 n, {{$r1}}, {max_bytes};\n"
-        " @p cp.async.bulk.prefetch.L2.global [{$r0}], n; }",
-        read_only_args=[ptr, Int32(nbytes), Int32(pred)],
-        loc=loc, ip=ip,
-    )
+        " @p cp.async.bulk.prefetch.L2.global [{$r0}], n; }", read_only_args=[ptr, Int32(nbytes), Int32(pred)],
+        loc=loc, ip=ip)
 
 
 # --------------------------------------------------------------------------- shared memory
@@ -113,43 +109,28 @@ def smem_allocator():
 @dsl_user_op
 def st_shared_v4(addr, words, *, loc=None, ip=None):
     """128-bit store of 4 words to shared memory (``addr`` 16-byte aligned)."""
-    cute.arch.inline_ptx(
-        "st.shared.v4.u32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
-        read_only_args=[Int32(addr), *[Int32(w) for w in words]],
-        loc=loc, ip=ip,
-    )
+    cute.arch.inline_ptx("st.shared.v4.u32 [{$r0}], {{$r1}, {$r2}, {$r3}, {$r4}};",
+                         read_only_args=[Int32(addr), *[Int32(w) for w in words]], loc=loc, ip=ip)
 
 
 @dsl_user_op
 def ld_shared_v4(addr, *, loc=None, ip=None):
     """128-bit load of 4 words from shared memory (``addr`` 16-byte aligned)."""
-    return cute.arch.inline_ptx(
-        "ld.shared.v4.u32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
-        write_only_types=[Int32] * 4,
-        read_only_args=[Int32(addr)],
-        loc=loc, ip=ip,
-    )
+    return _v4_load(f"ld.shared.v4.u32 {V4_WORDS}, [{{$r0}}];", [Int32(addr)], None, loc, ip)
 
 
 @dsl_user_op
 def st_shared_v2(addr, x, y, *, loc=None, ip=None):
     """64-bit store of two 32-bit values (``Int32`` or ``Float32``) to shared memory (``addr`` 8-byte aligned)."""
-    cute.arch.inline_ptx(
-        "st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};",
-        read_only_args=[Int32(addr), x, y],
-        loc=loc, ip=ip,
-    )
+    cute.arch.inline_ptx("st.shared.v2.b32 [{$r0}], {{$r1}, {$r2}};", read_only_args=[Int32(addr), x, y], loc=loc,
+                         ip=ip)
 
 
 @dsl_user_op
 def ld_shared_v2(addr, dtype, *, loc=None, ip=None):
     """64-bit load of two 32-bit values of ``dtype`` (``Int32`` or ``Float32``) from shared memory."""
-    return cute.arch.inline_ptx(
-        "ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];",
-        write_only_types=[dtype, dtype],
-        read_only_args=[Int32(addr)],
-        loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx("ld.shared.v2.b32 {{$w0}, {$w1}}, [{$r0}];", write_only_types=[dtype, dtype],
+                                read_only_args=[Int32(addr)], loc=loc, ip=ip)
 
 
 # --------------------------------------------------------------------------- conversions
@@ -163,11 +144,7 @@ def e4m3x2_to_f32(pair, *, loc=None, ip=None):
         " cvt.rn.f16x2.e4m3x2 h2, {$r0};\n"
         " mov.b32 {lo, hi}, h2;\n"
         " cvt.f32.f16 {$w0}, lo;\n"
-        " cvt.f32.f16 {$w1}, hi; }",
-        write_only_types=[Float32, Float32],
-        read_only_args=[pair],
-        loc=loc, ip=ip,
-    )
+        " cvt.f32.f16 {$w1}, hi; }", write_only_types=[Float32, Float32], read_only_args=[pair], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -175,10 +152,7 @@ def half2_to_f32_pair(h2, *, loc=None, ip=None):
     """The two halves of a packed half2 (low half first), as fp32."""
     return cute.arch.inline_ptx(
         "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
-        write_only_types=[Float32, Float32],
-        read_only_args=[h2],
-        loc=loc, ip=ip,
-    )
+        write_only_types=[Float32, Float32], read_only_args=[h2], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -191,11 +165,7 @@ def e2m1x8_to_f16x2(word, *, loc=None, ip=None):
         " cvt.rn.f16x2.e2m1x2 {$w0}, b0;\n"
         " cvt.rn.f16x2.e2m1x2 {$w1}, b1;\n"
         " cvt.rn.f16x2.e2m1x2 {$w2}, b2;\n"
-        " cvt.rn.f16x2.e2m1x2 {$w3}, b3; }",
-        write_only_types=[Int32] * 4,
-        read_only_args=[word],
-        loc=loc, ip=ip,
-    )
+        " cvt.rn.f16x2.e2m1x2 {$w3}, b3; }", write_only_types=[Int32] * 4, read_only_args=[word], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -212,41 +182,31 @@ def s32_to_f32(x, *, loc=None, ip=None):
 def prmt(a, b, selector: int, *, loc=None, ip=None):
     """``prmt.b32`` with a constant selector: result byte i is byte ``(selector >> 4i) & 7`` of the
     8 bytes b:a (a's are 0-3), or that byte's sign replicated where ``(selector >> 4i) & 8``."""
-    return cute.arch.inline_ptx(
-        f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector};",
-        write_only_types=[Int32],
-        read_only_args=[a, b],
-        loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector};", write_only_types=[Int32],
+                                read_only_args=[a, b], loc=loc, ip=ip)
 
 
 @dsl_user_op
 def prmt_table(table_lo: int, table_hi: int, selectors, *, loc=None, ip=None):
     """``prmt.b32`` as a table lookup: the 8 bytes of two constant words are the table, the low 16
     bits of ``selectors`` pick 4 of them (4 bits each, bit 3 the sign-replicate flag)."""
-    return cute.arch.inline_ptx(
-        f"prmt.b32 {{$w0}}, {table_lo}, {table_hi}, {{$r0}};", write_only_types=[Int32], read_only_args=[selectors],
-        loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {table_lo}, {table_hi}, {{$r0}};", write_only_types=[Int32],
+                                read_only_args=[selectors], loc=loc, ip=ip)
 
 
 @dsl_user_op
 def prmt_lookup(table_lo, table_hi, selectors, *, loc=None, ip=None):
     """``prmt_table`` with the table in registers: ptxas then keeps it there, where it moves the
     immediates of ``prmt_table`` into a register again before most lookups."""
-    return cute.arch.inline_ptx(
-        "prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
-        read_only_args=[table_lo, table_hi, selectors], loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
+                                read_only_args=[table_lo, table_hi, selectors], loc=loc, ip=ip)
 
 
 @dsl_user_op
 def dp4a(a, b, acc, *, loc=None, ip=None):
     """``dp4a.s32.s32``: acc + the sum of the products of the 4 signed bytes of a and of b."""
-    return cute.arch.inline_ptx(
-        "dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32], read_only_args=[a, b, acc],
-        loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx("dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
+                                read_only_args=[a, b, acc], loc=loc, ip=ip)
 
 
 # --------------------------------------------------------------------------- cache policies, explicit fp32 FMA
@@ -259,10 +219,8 @@ def l2_policy(kind: str, *, loc=None, ip=None):
     over the whole access (fraction 1.0), e.g. ``kind`` "evict_first" (read once) or "evict_last" (read by every
     block). sm_80+; ptxas folds it into a uniform descriptor, so the loads pay nothing for it. On sm_90 the
     ``.L2::evict_first`` qualifier of ``ld`` itself needs 256-bit loads (sm_100), hence the policy."""
-    return cute.arch.inline_ptx(
-        f"createpolicy.fractional.L2::{kind}.b64 {{$w0}}, 1.0;", write_only_types=[Int64], read_only_args=[],
-        loc=loc, ip=ip,
-    )
+    return cute.arch.inline_ptx(f"createpolicy.fractional.L2::{kind}.b64 {{$w0}}, 1.0;", write_only_types=[Int64],
+                                read_only_args=[], loc=loc, ip=ip)
 
 
 @dsl_user_op
@@ -270,16 +228,8 @@ def ld_global_v4_policy(ptr, policy, pred, hint: str, *, loc=None, ip=None):
     """128-bit load under an L2 cache policy (`l2_policy`): ``ld.global<hint>.L2::cache_hint.v4.u32``, ``hint``
     the qualifiers before it (e.g. ".nc.L1::no_allocate"). ``pred`` None: unpredicated (a K chunk that exists
     for every thread, known when the kernel is compiled); else zeros where ``pred`` is false."""
-    load = f"ld.global{hint}.L2::cache_hint.v4.u32 {{{{$w0}}, {{$w1}}, {{$w2}}, {{$w3}}}}, [{{$r0}}], {{$r1}};"
-    if pred is None:
-        return cute.arch.inline_ptx(load, write_only_types=[Int32] * 4, read_only_args=[ptr, policy],
-                                    loc=loc, ip=ip)
-    return cute.arch.inline_ptx(
-        "{ .reg .pred p;\n setp.ne.b32 p, {$r2}, 0;\n"
-        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;\n"
-        f" @p {load} }}",
-        write_only_types=[Int32] * 4, read_only_args=[ptr, policy, Int32(pred)], loc=loc, ip=ip,
-    )
+    return _v4_load(f"ld.global{hint}.L2::cache_hint.v4.u32 {V4_WORDS}, [{{$r0}}], {{$r1}};", [ptr, policy], pred,
+                    loc, ip)
 
 
 @dsl_user_op

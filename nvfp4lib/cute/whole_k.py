@@ -1,27 +1,22 @@
 """Per-K CuTe kernels: one compiled kernel per K, the whole of K of a few rows in one short-lived block.
 
-The fast and tiled kernels of `nvfp4lib.cute.gemv` walk K in a loop whose bounds are runtime values,
-and a warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is
-compiled for each K it meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive
-rows of one batch and the whole of their K (`WholeKPlan`). Every thread issues all of its loads at
-once (its 16-byte chunks of A for each of its rows, and the same chunks of B), then computes and
-exits, as the fastest streaming read does: no loop bookkeeping, every address an immediate offset
-from one base, the block gone as soon as its rows are written.
+The fast and tiled kernels of `nvfp4lib.cute.gemv` walk K in a loop whose bounds are runtime values, and a
+warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is compiled for each K it
+meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive rows of one batch and the whole of
+their K (`WholeKPlan`). Every thread issues all of its loads at once (its 16-byte chunks of A for each of its
+rows, and the same chunks of B), then computes and exits, as the fastest streaming read does: no loop
+bookkeeping, every address an immediate offset from one base, the block gone as soon as its rows are written.
 
 * The ``threads_per_row`` threads that share a row take its 16-byte chunks t, t + P, t + 2P, ...
   (P = threads_per_row), so that every warp-wide load reads 512 contiguous bytes. Each thread computes
-  ``rows_per_thread`` rows against one decode of its chunks of B (B stays in registers: a thread
-  needs only the chunks its own loads of A cover).
+  ``rows_per_thread`` rows against one decode of its chunks of B (B stays in registers: a thread needs
+  only the chunks its own loads of A cover).
 * A is loaded with ``L1::no_allocate`` and an L2 ``evict_first`` policy (read once), B with
   ``L1::evict_last`` and an L2 ``evict_last`` policy (read by every block of its batch).
-* Each 16-element block is summed exactly (as int32 with the register lookup, in packed fp16 with
-  the bit trick or the hardware decode), scaled with one ``fma.rn.f32``, reduced over the warp with
-  shuffles and over the warps of a row through shared memory, in a fixed order that
+* Each 16-element block is summed exactly (the decodes of `nvfp4lib.cute.decode`; "lut" with
+  `block_dot_lut2`, so that B needs no negated copy), scaled with one ``fma.rn.f32``, reduced over the warp
+  with shuffles and over the warps of a row through shared memory, in a fixed order that
   `nvfp4lib.study.whole_k_model` reproduces bit for bit.
-
-Decodes ("auto" picks per target, as `launch.resolve_decode`): "hw" (sm_100a: ``cvt.rn.f16x2.e2m1x2``),
-"lut" (Hopper's default: ``prmt`` lookups and ``dp4a``, a positive and a negative accumulator so that B
-needs no negated copy), "bitops" (the bit trick: A as value x 2^-14, fp16x2 FMAs).
 """
 
 from __future__ import annotations
@@ -31,7 +26,7 @@ from dataclasses import dataclass
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
-from nvfp4lib.cute.launch import compile_launch, compile_target, compiled_kernel, leaderboard_tensors, resolve_decode
+from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
                                ld_global_v4_policy, smem_allocator)
 
@@ -44,14 +39,12 @@ MAX_CHUNKS_PER_THREAD = 8  # chunks of one row held by a thread at once: K up to
 class WholeKConfig:
     """The rule that turns a K into a launch shape (`plan_for`); one compiled kernel per (config, K).
 
-    ``chunks_per_thread``: the 16-byte chunks of a row each thread aims to load; the threads that share
-    a row are that many fewer, rounded up to whole warps (K = 16384, 512 chunks: 2 -> 256 threads; K =
-    7168, 224 chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk).
-    ``rows_per_thread``: the rows each thread computes against one decode of its chunks of B.
-    ``row_slots``: groups of threads per block, each with its own rows (a block has rows_per_thread x
-    row_slots rows, a power of two dividing 128). ``compute`` False: the loads alone, XORed (a wrong
-    result that times the access pattern).
-    """
+    ``chunks_per_thread``: the 16-byte chunks of a row each thread aims to load; the threads that share a row
+    are that many fewer, rounded up to whole warps (K = 16384, 512 chunks: 2 -> 256 threads; K = 7168, 224
+    chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk). ``rows_per_thread``: the
+    rows each thread computes against one decode of its chunks of B. ``row_slots``: groups of threads per
+    block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
+    ``compute`` False: the loads alone, XORed (a wrong result that times the access pattern)."""
 
     permuted_scales = False  # not a field: the kernel reads the plain scales
 
@@ -267,17 +260,8 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
 
 
 def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm_ffi: bool | None = None):
-    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed.
-    Called like every kernel of `nvfp4lib.cute.gemv` (`gemv.launch_arguments`, the raw stream)."""
-    arch = compile_target(arch)
-    plan = plan_for(cfg, k)
+    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed."""
+    arch, plan = compile_target(arch), plan_for(cfg, k)
     kernel = make_whole_k_kernel(plan, cfg, resolve_decode(arch, cfg.decode))
-    rows, threads = plan.rows_per_block, plan.threads
-
-    @cute.jit
-    def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
-               stream):
-        a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, False)
-        kernel(a, b, sfa, sfb, c).launch(grid=[m // rows, l, 1], block=[threads, 1, 1], stream=stream)
-
-    return compile_launch(launch, [Int64(0)] * 5 + [Int32(k // 2)] + [Int32(1)] * 2, arch, options, tvm_ffi)
+    return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads, False, arch,
+                               options, tvm_ffi, example_kh=k // 2)
