@@ -98,6 +98,13 @@ def time_column(measure: str, field: str = "us") -> str:
     return f"{_check_measure(measure).replace('-', '_')}_{field}"
 
 
+def mean_and_std(samples: Sequence[float]) -> tuple[float, float]:
+    """The leaderboard's mean and sample std of `samples` (std NaN for one sample); what its stopping rule reads."""
+    n = len(samples)
+    mean = math.fsum(samples) / n
+    return mean, math.sqrt(math.fsum((x - mean) ** 2 for x in samples) / (n - 1)) if n > 1 else float("nan")
+
+
 def summarize(mode: str, samples: Sequence[float], host: Sequence[float] | None = None) -> Timing:
     """Every statistic of `samples` (microseconds): median and deciles, and the leaderboard's
     mean, sample std, standard error, best and worst (std and error are NaN for one sample)."""
@@ -105,8 +112,7 @@ def summarize(mode: str, samples: Sequence[float], host: Sequence[float] | None 
     if not samples:
         raise ValueError("samples: expected at least one timing, got none")
     n = len(samples)
-    mean = math.fsum(samples) / n
-    std = math.sqrt(math.fsum((x - mean) ** 2 for x in samples) / (n - 1)) if n > 1 else float("nan")
+    mean, std = mean_and_std(samples)
     deciles = statistics.quantiles(samples, n=10, method="inclusive") if n > 1 else samples
     return Timing(mode, statistics.median(samples), deciles[0], deciles[-1], n,
                   statistics.median(host) if host else None, samples,
@@ -142,9 +148,9 @@ class StoppingRule:
             return True
         if n < self.min_calls or wall_s <= self.min_wall_s:
             return False
-        stats = summarize("leaderboard", samples_us)
-        return (stats.err_us < self.max_rel_err * stats.mean_us
-                or stats.mean_us * n * 1e-6 > self.budget_s
+        mean, std = mean_and_std(samples_us)  # not every statistic (`summarize`): this runs after every call
+        return (std / math.sqrt(n) < self.max_rel_err * mean
+                or mean * n * 1e-6 > self.budget_s
                 or wall_s > self.max_wall_s)
 
 

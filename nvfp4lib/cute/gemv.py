@@ -582,6 +582,8 @@ class CuteGemv:
             config.compiled(self.arch, k, self.tvm_ffi)
         self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream type
         self._prepared = TupleCache(cache_entries)
+        # per K, what no input changes: the op's tuples, made for one call, are prepared on every call
+        self._by_k: dict[int, tuple] = {}
 
     def config_for(self, k: int) -> FastConfig | TiledConfig | WholeKConfig | NaiveConfig:
         """The config a call with this K runs."""
@@ -596,8 +598,9 @@ class CuteGemv:
     def _arguments(self, data):
         shape = shape_of(data) if is_validated_once() else validate_gemv_input(data, device="cuda")
         check_launch_bounds(shape)
-        cfg = self.config_for(shape.k)
-        refused = cfg.refusal(shape.k)
+        known = self._by_k.get(shape.k)  # (config, kernel) of a K that ran before: decided and compiled once
+        cfg = known[0] if known else self.config_for(shape.k)
+        refused = None if known else cfg.refusal(shape.k)
         if refused is not None:
             raise NVFP4InputError(refused)
         a, b, sfa, sfb, sfa_p, sfb_p, c = data
@@ -608,7 +611,9 @@ class CuteGemv:
             sfa, sfb = sfa_p, sfb_p
         pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
         args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
-        return cfg.compiled(self.arch, shape.k, self.tvm_ffi), args, c.device.index, c
+        if not known:
+            known = self._by_k[shape.k] = (cfg, cfg.compiled(self.arch, shape.k, self.tvm_ffi))
+        return known[1], args, c.device.index, c
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         fn, args, device, c = self.prepare(data)  # c is data's own: the cache keys on every tensor

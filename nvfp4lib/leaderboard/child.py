@@ -365,8 +365,8 @@ class Runner:
                 t.synchronize()
             out, us = call(), None
             records.append(self.capture(out, caller, landing))
-        if caller is not None:
-            t.synchronize()
+            if caller is not None:
+                t.synchronize()  # the timed call ends synchronized already
         description, copies = self.settle(records[0])
         try:
             with self._plain():
@@ -467,14 +467,17 @@ class Runner:
         copied on the caller's stream right after the call and again after the device is idle."""
         timing, caller = self.timing, self._caller_stream()
         records, descriptions, copies = [], [], []
+        landing = self._landing()  # one for every call, made before the first: each copy leaves it once settled
 
         def settled(out):
             description, pair = self.settle(records.pop())
+            if pair and landing is not None:  # the device is idle: the copy in `landing` is complete
+                with self._plain():
+                    pair[0] = self.t.copy(self.t.empty(tuple(landing.shape), dtype=landing.dtype), landing)
             descriptions.append(description)
             copies.extend(pair)
 
         def time_call(f):
-            landing = self._landing()
             return timing.time_one_call(f, after_end=lambda out: records.append(self.capture(out, caller, landing)))
 
         result = timing.leaderboard_time(self._bound(caller), timing.StoppingRule(**request["rule"]), after=settled,

@@ -239,12 +239,15 @@ class _Supervision:
             table = _process_table()
             roots = {pid for pid, (ppid, _) in table.items()
                      if ppid == me and pid not in self.known and pid not in self.live}
+            children: dict[int, list[int]] = {}
+            for pid, (ppid, _) in table.items():
+                children.setdefault(ppid, []).append(pid)
             tree, todo = set(), list(roots)
             while todo:
                 pid = todo.pop()
                 if pid not in tree:
                     tree.add(pid)
-                    todo += [p for p, (ppid, _) in table.items() if ppid == pid]
+                    todo += children.get(pid, [])
             running = [pid for pid in tree if table.get(pid, (0, "Z"))[1] not in "ZX"]
             for pid in running:
                 with contextlib.suppress(OSError):
@@ -451,7 +454,7 @@ class SubmissionProcess:
                       f"cannot have taken here")
         output = Output(_shown(answer["output"]))
         if output.description["values"]:
-            output.at_return, output.settled = (self._as_c(received.pop(0), tensors[-1]) for _ in range(2))
+            output.at_return, output.settled = (self._as_c(received.pop(0), tuple(tensors[-1].shape)) for _ in range(2))
         changed = []
         for name, raw, spec, entry in zip(NAMES, sent, specs, answer["inputs"]):
             same = False
@@ -491,15 +494,15 @@ class SubmissionProcess:
         for description in outputs:
             output = Output(_shown(description))
             if description["values"]:
-                output.at_return, output.settled = (
-                    torch.frombuffer(received.pop(0), dtype=torch.float16).view(shape) for _ in range(2))
+                output.at_return, output.settled = (self._as_c(received.pop(0), shape) for _ in range(2))
             result.append(output)
         return Timed(None, samples, result, answer["device"])
 
     @staticmethod
-    def _as_c(raw: bytearray, c: torch.Tensor) -> torch.Tensor:
-        return torch.frombuffer(raw, dtype=torch.float16).view(tuple(c.shape)) if len(raw) else torch.empty(
-            tuple(c.shape), dtype=torch.float16)
+    def _as_c(raw: bytearray, shape: tuple) -> torch.Tensor:
+        """A frame of c's values as a float16 tensor of ``shape`` (an empty frame: an empty tensor)."""
+        return torch.frombuffer(raw, dtype=torch.float16).view(shape) if len(raw) else torch.empty(
+            shape, dtype=torch.float16)
 
     # -- the wire
 
