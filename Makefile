@@ -102,3 +102,9 @@ PROFILE_ARGS ?=
 .PHONY: profile
 profile: $(SETUP) ## Nsight Compute (clocks untouched) over the default kernel, notebook 04's progression and the per-K kernels at the benchmark shapes -> results/<device>_profile.csv (needs ncu and a GPU; says so and skips elsewhere)
 	$(PY) -m nvfp4lib.bench.profile $(PROFILE_ARGS)
+
+# ---- dsl-matrix: the kernels under each CuTe DSL release ---------------------------------
+DSL_RELEASES ?=
+.PHONY: dsl-matrix
+dsl-matrix: $(SETUP) ## compile the default CuTe kernels (sm_90a, sm_100a) under each CuTe DSL release 4.3-4.8, each pip-installed into build/dsl/<release> -> results/dsl_matrix.md (no GPU needed; DSL_RELEASES=4.3.4,4.8.1 for fewer)
+	$(PY) tools/dsl_matrix.py $(if $(DSL_RELEASES),--releases $(DSL_RELEASES))

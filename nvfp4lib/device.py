@@ -6,6 +6,7 @@ likewise, and the CuTe DSL may or may not be installed."""
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import platform
 import re
 import subprocess
@@ -60,7 +61,21 @@ def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
     return _probe_fp4_gemm()
 
 
-MIN_CUTE_DSL = (4, 6, 0)  # cute.arch.inline_ptx and cute.arch.fma_packed_f16x2 first appear in 4.6.0
+MIN_CUTE_DSL = (4, 3, 4)
+"""The oldest CuTe DSL release the kernels are built and checked with (`make dsl-matrix`: 4.3.4-4.8): 4.2 has no
+``cute.runtime.make_fake_stream`` to compile without a GPU, 4.3.0 no ``--dump-dir`` to keep the PTX."""
+
+
+def installed_cute_dsl_version(cutlass) -> str:
+    """The version of the imported ``cutlass`` module: its ``__version__``, which 4.3 lacks, else the installed
+    distribution's."""
+    version = getattr(cutlass, "__version__", None)
+    if version:
+        return str(version)
+    try:
+        return importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def cute_dsl_version_problem(version: str) -> str | None:
@@ -68,8 +83,23 @@ def cute_dsl_version_problem(version: str) -> str | None:
     a source build, which compiling will judge)."""
     found = tuple(int(part) for part in re.findall(r"\d+", version)[:3])
     if found and found < MIN_CUTE_DSL:
-        return (f"nvidia-cutlass-dsl {version} is too old for these kernels: they need 4.6.0 or newer "
-                f"(cute.arch.inline_ptx, cute.arch.fma_packed_f16x2); pip install 'nvidia-cutlass-dsl>=4.6'")
+        oldest = ".".join(map(str, MIN_CUTE_DSL))
+        return (f"nvidia-cutlass-dsl {version} is older than the oldest release these kernels are built and checked "
+                f"with ({oldest}); pip install 'nvidia-cutlass-dsl>={oldest}'")
+    return None
+
+
+def tvm_ffi_problem() -> str | None:
+    """Why the CuTe kernels are called through the DSL's plain call path rather than TVM-FFI (None: TVM-FFI): both
+    the DSL release's compile option and the apache-tvm-ffi package are needed. Probed at each call, not cached."""
+    try:
+        from cutlass.base_dsl.compiler import EnableTVMFFI  # noqa: F401 - the option's presence is the probe
+    except ImportError:
+        return "this CuTe DSL release has no TVM-FFI compile option"
+    try:
+        import tvm_ffi  # noqa: F401
+    except ImportError:
+        return "apache-tvm-ffi is not installed"
     return None
 
 
@@ -79,7 +109,7 @@ def _probe_cute_dsl() -> str | None:
         import cutlass
     except ImportError:
         return None
-    version = str(getattr(cutlass, "__version__", "unknown"))
+    version = installed_cute_dsl_version(cutlass)
     return None if cute_dsl_version_problem(version) else version
 
 
@@ -103,7 +133,7 @@ NO_CUDA = "needs a CUDA GPU"
 NEEDS = {
     "cuda": lambda caps: None if caps.cuda else NO_CUDA,
     "cute_dsl": lambda caps: None if caps.cute_dsl else (f"needs the CuTe DSL (nvidia-cutlass-dsl "
-                                                         f"{'.'.join(map(str, MIN_CUTE_DSL[:2]))} or newer): "
+                                                         f"{'.'.join(map(str, MIN_CUTE_DSL))} or newer): "
                                                          "pip install -e '.[cute]'"),
     "fp4_gemm": lambda caps: None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
                                                          f"this machine: {caps.summary()}"),
@@ -147,6 +177,8 @@ def environment_report() -> dict:
         "fp4_gemm": caps.fp4_gemm,
         "cute_dsl": caps.cute_dsl_version,
         "cute_arch": caps.cute_arch,
+        "cute_calls": (("TVM-FFI" if (why := tvm_ffi_problem()) is None else f"plain call path ({why})")
+                       if caps.cute_dsl else None),
         "nvfp4lib": __version__,
     }
 

@@ -20,8 +20,9 @@ them bit for bit in numpy."""
 from __future__ import annotations
 
 from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
-from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, cute, dp4a, e2m1x8_to_f16x2, e4m3x2_to_f32, fma_rn_f32,
-                               half2_to_f32_pair, ld_shared_v2, prmt, prmt_lookup, prmt_table, s32_to_f32, st_shared_v2)
+from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, dp4a, e2m1x8_to_f16x2, e4m3x2_to_f32, fma_rn_f16x2, fma_rn_f32,
+                               half2_to_f32_pair, ld_shared, prmt, prmt_lookup, prmt_table, s32_to_f32, smem_words,
+                               st_shared)
 
 
 def decode_factor(decode: str):
@@ -68,7 +69,7 @@ def decode_b_word(word, hw_e2m1: bool):
     two14 = Int32(FP16X2_2_POW_14)
     zero = Int32(0)
     return tuple(
-        cute.arch.fma_packed_f16x2(h, two14, zero) for h in decode_word_bitops(word)
+        fma_rn_f16x2(h, two14, zero) for h in decode_word_bitops(word)
     )
 
 
@@ -80,7 +81,7 @@ def block_dot(a_words, b_halves, hw_e2m1: bool):
     for w in range(2):
         a_halves = decode_word_hw(a_words[w]) if hw_e2m1 else decode_word_bitops(a_words[w])
         for h in range(4):
-            acc = cute.arch.fma_packed_f16x2(a_halves[h], b_halves[4 * w + h], acc)
+            acc = fma_rn_f16x2(a_halves[h], b_halves[4 * w + h], acc)
     return half2_sum_f32(acc)
 
 
@@ -99,19 +100,19 @@ def lookup4(selectors, table=None):
 
 def lut_table_smem(smem) -> Int32:
     """Shared memory for one copy of the lookup table per lane (`lut_table`), as a shared address."""
-    return smem.allocate_array(Int32, 2 * 32, byte_alignment=8).toint()
+    return smem_words(smem, 2 * 32, 8)
 
 
 def store_lut_table(table_addr, lane):
     """Lane ``lane``'s copy of (LUT_LO, LUT_HI); warp 0 stores them, before a barrier."""
-    st_shared_v2(table_addr + lane * 8, Int32(LUT_LO), Int32(LUT_HI))
+    st_shared(table_addr + lane * 8, [Int32(LUT_LO), Int32(LUT_HI)])
 
 
 def lut_table(table_addr, lane):
     """The lookup table as two registers, each lane reading its own copy. As immediates (`prmt_table`)
     or as one warp-uniform load, ptxas holds the first word in a uniform register and moves it into
     a register again before most `prmt`; a per-lane load is a value it keeps in a register."""
-    return ld_shared_v2(table_addr + lane * 8, Int32)
+    return ld_shared(table_addr + lane * 8, Int32, 2)
 
 
 def decode_word_lut(word, table=None):

@@ -34,8 +34,8 @@ from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, 
                                   decode_factor, decode_word_bitops, decode_word_hw, loads_xor, lut_table,
                                   lut_table_smem, scaled_b, store_lut_table)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
-                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared_v2,
-                               ld_shared_v4, prefetch_l2_if, smem_allocator, st_shared_v2, st_shared_v4)
+                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared,
+                               prefetch_l2_if, smem_allocator, smem_words, st_shared)
 from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
                                   resolve_decode)
 from nvfp4lib.cute.whole_k import WholeKConfig
@@ -362,8 +362,8 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
         load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, Int32(0), Int32(0), segs, n_chunks, lane, cfg)
 
         smem = smem_allocator()
-        b_addr = smem.allocate_array(Int32, TILED_B_WORDS * max_chunks, byte_alignment=16).toint()
-        s_addr = smem.allocate_array(Float32, 2 * max_chunks, byte_alignment=16).toint()
+        b_addr = smem_words(smem, TILED_B_WORDS * max_chunks, 16)
+        s_addr = smem_words(smem, 2 * max_chunks, 16)
         table = None
         table_in_registers = cfg.lut_registers and decode == "lut" and cfg.compute
         if cutlass.const_expr(table_in_registers):  # the table's shared memory only where it is used
@@ -380,8 +380,8 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                 words = ld_global_v4_if(b_row + col * 16, 1, ".nc")
                 sb0, sb1 = e4m3x2_to_f32(ld_global_u16_if(sfb_row + col * 2, 1))
                 for w in cutlass.range_constexpr(4):
-                    st_shared_v4(b_addr + (w * max_chunks + col) * 16, decode_b_word_as(words[w], decode))
-                st_shared_v2(s_addr + col * 8, sb0 * factor, sb1 * factor)
+                    st_shared(b_addr + (w * max_chunks + col) * 16, [Int32(x) for x in decode_b_word_as(words[w], decode)])
+                st_shared(s_addr + col * 8, [sb0 * factor, sb1 * factor])
             cute.arch.sync_threads()
             if cutlass.const_expr(table_in_registers):
                 table = lut_table(table_addr, lane)
@@ -398,8 +398,8 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                     col = cutlass.min(seg * 32 + lane, n_chunks - 1)  # past the row's end A is zero; B stays finite
                     b_dec = []
                     for w in cutlass.range_constexpr(4):
-                        b_dec.extend(ld_shared_v4(b_addr + (w * max_chunks + col) * 16))
-                    sb0, sb1 = ld_shared_v2(s_addr + col * 8, Float32)
+                        b_dec.extend(ld_shared(b_addr + (w * max_chunks + col) * 16, Int32, 4))
+                    sb0, sb1 = ld_shared(s_addr + col * 8, Float32, 2)
                     sa0, sa1 = e4m3x2_to_f32(sfa_now[u])
                     d0, d1 = chunk_dots(words, b_dec, decode, table)
                     acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)

@@ -5,11 +5,13 @@ tensors from raw addresses."""
 from __future__ import annotations
 
 import functools
+import glob
 import tempfile
+from pathlib import Path
 
 from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
 from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, Int32, Int64, cute, cutlass
-from nvfp4lib.device import capabilities
+from nvfp4lib.device import capabilities, tvm_ffi_problem
 
 
 def _gmem_tensor(dtype, address, shape, stride, align: int):
@@ -53,12 +55,8 @@ def resolve_decode(arch: str, decode: str = "auto") -> str:
 
 
 def has_tvm_ffi() -> bool:
-    """Whether apache-tvm-ffi imports: then the kernels are compiled for TVM-FFI calls."""
-    try:
-        import tvm_ffi  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether the kernels are compiled for TVM-FFI calls (`device.tvm_ffi_problem`)."""
+    return tvm_ffi_problem() is None
 
 
 def compile_target(arch: str | None = None) -> str:
@@ -108,8 +106,18 @@ def compiled_kernel(cfg, arch: str, k: int | None, tvm_ffi: bool):
 
 
 def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
-    """What a compile of ``cfg``'s kernel for ``arch`` (at K ``k`` where it compiles per K) keeps in a scratch
-    folder: the PTX text (``kind`` "ptx") or the machine code (``kind`` "cubin", as bytes); no GPU needed."""
+    """What a compile of ``cfg``'s kernel for ``arch`` (at K ``k`` where it compiles per K) writes to its dump
+    folder: the PTX text (``kind`` "ptx") or the machine code (``kind`` "cubin", as bytes); no GPU needed. Read
+    from the folder, since releases before 4.4 load the compiled host code into a JIT engine after writing them,
+    which raises on a machine without a CUDA driver: there the artifact is kept, and the error only if none was
+    written."""
     with tempfile.TemporaryDirectory() as tmp:
-        artifact = getattr(cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}"), f"__{kind}__")
-    return artifact.encode("latin1") if kind == "cubin" and isinstance(artifact, str) else artifact
+        try:
+            cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}")
+        except Exception:
+            if capabilities().cuda or not glob.glob(f"{tmp}/*.{kind}"):
+                raise
+        written = glob.glob(f"{tmp}/*.{kind}")
+        if len(written) != 1:
+            raise RuntimeError(f"compiling {cfg} for {arch} wrote {len(written)} .{kind} files, expected 1")
+        return Path(written[0]).read_bytes() if kind == "cubin" else Path(written[0]).read_text()

@@ -28,7 +28,7 @@ from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
 from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
-                               ld_global_v4_policy, smem_allocator)
+                               ld_global_v4_policy, ld_shared, smem_allocator, smem_words, st_shared)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -178,6 +178,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
     """The kernel of one K (``plan``) and FP4 decode, to launch or compile."""
     P, C, Q, R = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block
     WP = plan.warps_per_row
+    PARTIALS_PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials, 16-byte aligned
     KH = plan.k // 2  # bytes of A per row
     KS = plan.k // 16  # scale bytes per row
     n_chunks = plan.n_chunks
@@ -239,18 +240,23 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
                 total = cute.arch.warp_reduction_sum(acc[q])
                 if lane == 0:
                     c[m0 + slot * Q + q, 0, batch] = total.to(Float16)
-        else:
-            partials = smem_allocator().allocate_tensor(Float32, cute.make_layout(R * WP), byte_alignment=16)
+        else:  # the row's warps meet in shared memory, written and read with explicit instructions
+            partials = smem_words(smem_allocator(), R * WP, 16)  # [row][warp] fp32 partial sums
             warp = t // 32
             for q in cutlass.range_constexpr(Q):
                 total = cute.arch.warp_reduction_sum(acc[q])
                 if lane == 0:
-                    partials[(slot * Q + q) * WP + warp] = total
+                    st_shared(partials + ((slot * Q + q) * WP + warp) * 4, [total])
             cute.arch.sync_threads()
             if tidx < R:  # one thread per row of the block sums its row's warps in order
-                row_sum = partials[tidx * WP]
+                row = partials + tidx * (WP * 4)
+                parts = []
+                for w in cutlass.range_constexpr(0, WP, PARTIALS_PER_LOAD):
+                    loaded = ld_shared(row + w * 4, Float32, PARTIALS_PER_LOAD)
+                    parts.extend([loaded] if PARTIALS_PER_LOAD == 1 else loaded)
+                row_sum = parts[0]
                 for w in cutlass.range_constexpr(1, WP):
-                    row_sum = row_sum + partials[tidx * WP + w]
+                    row_sum = row_sum + parts[w]
                 c[m0 + tidx, 0, batch] = row_sum.to(Float16)
 
     return kernel

@@ -82,6 +82,18 @@ def kind_counts(ptx: str) -> dict[str, int]:
     return {kind: counts.get(kind, 0) for kind in [k for k, _ in KINDS] + [OTHER]}
 
 
+WORK = re.compile(r"^(ld\.global|st\.global|ld\.shared|st\.shared|bar\.|shfl\.sync\.bfly|cvt\.[\w.]*(e2m1|e4m3)|"
+                  r"prmt|dp[24]a|(fma|add|mul|sub)\.[\w.]*(f16x2|f32)$)")
+"""The opcodes that do a GEMV kernel's work: its memory accesses, barriers and reduction shuffles, FP4/FP8
+conversions, lookups, integer products and floating-point math. Address arithmetic and moves are left out:
+each CuTe DSL release lowers those through its own LLVM, in its own way."""
+
+
+def work_counts(ptx: str) -> dict[str, int]:
+    """How often each full opcode of `WORK` appears: what must match between two builds of one kernel."""
+    return dict(sorted(Counter(op for op, _ in instructions(ptx) if WORK.match(op)).items()))
+
+
 def excerpt(ptx: str, needle: str, before: int = 4, after: int = 12) -> str:
     """The lines around the first line containing ``needle``, comment-only lines left out."""
     lines = [ln.rstrip() for ln in ptx.splitlines() if _COMMENT.sub("", ln).strip()]
