@@ -250,24 +250,26 @@ class Dispatcher:
                                    "which cannot be done while a CUDA graph is being captured; call it once before "
                                    "capturing")
             caps = capabilities()
-            decision = self._choose(shape_of(data), on_cuda, None, None, key[2:])
+            shape = shape_of(data)
+            decision = self._choose(shape, on_cuda, None, None, key[2:])
             if decision.source in ("forced", "env"):  # built as it is, or the build's error
                 why_not = PATHS[decision.path].unavailable(caps, on_cuda)
                 if why_not is not None:
                     raise RuntimeError(f"path {decision.path!r} ({decision.reason}) cannot run here: {why_not}")
                 run = self.build(decision.path)
             else:
-                run, decision = self._first_working(decision, caps, on_cuda, a.device)
+                run, decision = self._first_working(decision, caps, on_cuda, a.device, shape.k)
             self._plans[key], self._decisions[key] = run, decision
             return run
 
-    def _first_working(self, decision: Decision, caps: Capabilities, on_cuda: bool,
-                       device) -> tuple[Callable, Decision]:
-        """The chosen path, or the first of FALLBACK_ORDER behind it, that builds and passes its self-check."""
+    def _first_working(self, decision: Decision, caps: Capabilities, on_cuda: bool, device,
+                       k: int) -> tuple[Callable, Decision]:
+        """The chosen path, or the first of FALLBACK_ORDER behind it, that builds, passes its self-check and
+        takes this K (`fallback.first_working`)."""
         after = decision.path if decision.path in FALLBACK_ORDER else None
         candidates = [decision.path] + [p for p in fallback_paths(caps, on_cuda, after=after) if p != decision.path]
         checked = self._checked.setdefault(str(device), {})
-        choice = first_working(candidates, self.build, device, checked=checked,
+        choice = first_working(candidates, self.build, device, checked=checked, k=k,
                                unavailable=lambda name: PATHS[name].unavailable(caps, on_cuda))
         why = "; ".join(str(item) for item in choice.passed_over)
         if choice.name is None:

@@ -1,4 +1,6 @@
-"""CuTe DSL kernels: cross-compiled PTX on any machine, correctness on a CUDA GPU."""
+"""CuTe DSL kernels: cross-compiled PTX on any machine, correctness on a CUDA GPU. The core's kernels (the naive
+and the per-K ones, `nvfp4lib.cute`) and the generic ones of the study wing (`nvfp4lib.study.generic_kernels`),
+which run through the same host."""
 
 import dataclasses
 import re
@@ -18,6 +20,8 @@ cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
 cute_decode = pytest.importorskip("nvfp4lib.cute.decode")
 cute_ptx = pytest.importorskip("nvfp4lib.cute.ptx")
 cute_launch = pytest.importorskip("nvfp4lib.cute.launch")
+cute_whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
+generic = pytest.importorskip("nvfp4lib.study.generic_kernels")
 pytestmark = pytest.mark.cute
 if cute_ptx.cute is None:
     pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed", allow_module_level=True)
@@ -29,12 +33,14 @@ PER_K_DEFAULTS = tuple(f"per_k{k}" for k in cute_gemv.PER_K_DEFAULTS)
 
 @pytest.fixture(scope="module")
 def ptx():
-    """PTX of every (variant, target), compiled once; no GPU needed. "tiled" is the fast variant with
-    the tiled kernel's default config (`cute_gemv.TILED`), "per_k<K>" the default config at that K."""
-    texts = {(v, t): cute_gemv.compile_ptx(v, t) for v in ("naive", "fast") for t in TARGETS}
+    """PTX of every (variant, target), compiled once; no GPU needed. "fast" is the generic fast kernel's
+    `FastConfig()`, "tiled" the tiled kernel's default config (`generic.TILED`), "per_k<K>" the default config at
+    that K."""
+    texts = {(v, t): cute_gemv.compile_ptx(v, t, cfg) for v, cfg in (("naive", None), ("fast", generic.FastConfig()))
+             for t in TARGETS}
     texts |= {(f"per_k{k}", t): cute_gemv.compile_ptx("fast", t, cute_gemv.default_config(k), k)
               for k in cute_gemv.PER_K_DEFAULTS for t in TARGETS}
-    return texts | {("tiled", t): cute_gemv.compile_ptx("fast", t, cute_gemv.TILED) for t in TARGETS}
+    return texts | {("tiled", t): cute_gemv.compile_ptx("fast", t, generic.TILED) for t in TARGETS}
 
 
 def _wide_global_loads(text):
@@ -65,7 +71,7 @@ def test_fast_kernels_read_a_with_128_bit_loads(ptx, variant, target):
 def test_tiled_kernel_keeps_decoded_b_in_shared_memory(ptx, target):
     """B decoded once per block: 128-bit shared stores, one barrier, then 128-bit shared loads per chunk."""
     counts = ptx_reading.opcode_counts(ptx["tiled", target])
-    assert counts["st.shared.v4.b32"] >= 4 and counts["ld.shared.v4.b32"] >= 4 * cute_gemv.TILED.chunks_per_step
+    assert counts["st.shared.v4.b32"] >= 4 and counts["ld.shared.v4.b32"] >= 4 * generic.TILED.chunks_per_step
     assert counts["bar.sync"] + counts["barrier.sync"] == 1, counts
 
 
@@ -80,7 +86,7 @@ def test_no_local_memory(ptx, variant, target):
 def test_machine_code_has_no_spills_and_fits_the_grid(config, target):
     """ptxas's own accounting, read from the cubin: no local-memory frame (no spills), and few
     enough registers for blocks_per_sm blocks per SM, which the persistent grid assumes."""
-    cfg = getattr(cute_gemv, config)
+    cfg = getattr(generic, config)
     resources = ptx_reading.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
     assert resources["frame_bytes"] == 0, resources
     assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * cfg.blocks_per_sm), resources
@@ -93,12 +99,12 @@ TILED_BLOCKS_PER_SM = 4  # resident tiled blocks per SM that the measured config
 def test_tiled_machine_code_has_no_spills_and_keeps_four_blocks_per_sm(target):
     """The tiled kernel's grid is a block per tile; at least 4 blocks of 8 warps must fit an SM by
     registers (65536 per SM) and by shared memory (B decoded for max_k, at most 48 KB per block)."""
-    cfg = cute_gemv.TILED
+    cfg = generic.TILED
     resources = ptx_reading.cubin_resources(cute_gemv.compile_cubin("fast", target, cfg))
     assert resources["frame_bytes"] == 0, resources
     assert 0 < resources["registers"] <= 65536 // (32 * cfg.warps_per_block * TILED_BLOCKS_PER_SM), resources
-    smem = cfg.max_k // 32 * cute_gemv.TILED_SMEM_BYTES_PER_CHUNK
-    assert smem <= cute_gemv.STATIC_SMEM_BYTES and TILED_BLOCKS_PER_SM * smem <= 227 * 1024
+    smem = cfg.max_k // 32 * generic.TILED_SMEM_BYTES_PER_CHUNK
+    assert smem <= generic.STATIC_SMEM_BYTES and TILED_BLOCKS_PER_SM * smem <= 227 * 1024
 
 
 @pytest.mark.parametrize("variant", ["fast", "tiled"])
@@ -117,7 +123,7 @@ def test_default_configs_keep_the_lookup_table_in_registers(config):
     """Warp 0 stores a copy of the table per lane in shared memory, each lane loads its own, and A's
     lookups take the table from registers (`cute_decode.lut_table`); B's decode in the tiled kernel's
     prologue may keep the immediates."""
-    cfg = getattr(cute_gemv, config)
+    cfg = getattr(generic, config)
     text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
     assert "st.shared.v2.b32 [%r" in text and "ld.shared.v2.b32" in text
     for word in (cute_decode.LUT_LO, cute_decode.LUT_HI):  # warp 0 stores the table's two words
@@ -160,7 +166,7 @@ def _ptx_of(ptx, variant: str, target: str) -> str:
     if " " not in variant:
         return ptx[variant, target]
     field, value = variant.split(" ")[1].split("=")
-    return cute_gemv.compile_ptx("fast", target, cute_gemv.FastConfig(**{field: int(value)}))
+    return cute_gemv.compile_ptx("fast", target, generic.FastConfig(**{field: int(value)}))
 
 
 def test_every_ptx_op_is_a_dsl_user_op_that_a_kernel_emits(ptx):
@@ -172,7 +178,7 @@ def test_every_ptx_op_is_a_dsl_user_op_that_a_kernel_emits(ptx):
 
 
 def test_bitops_decode_compiles_for_hopper():
-    cfg = cute_gemv.FastConfig(decode="bitops")
+    cfg = generic.FastConfig(decode="bitops")
     text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
     assert "e2m1" not in text and "dp4a" not in text
     assert "fma.rn.f16x2" in text  # packed fp16 products of the bit-trick decode
@@ -180,29 +186,74 @@ def test_bitops_decode_compiles_for_hopper():
 
 def test_config_is_validated():
     with pytest.raises(ValueError, match="variant"):
-        cute_gemv.compile_gemv("fastest", "sm_90a")
+        cute_gemv.compile_ptx("fastest", "sm_90a")
+    with pytest.raises(ValueError, match="k: the default config compiles one kernel per K"):
+        cute_gemv.compile_ptx("fast", "sm_90a")
     with pytest.raises(ValueError, match="rows_per_block: expected a divisor of 128 and a multiple of warps_per_block"):
-        cute_gemv.TiledConfig(rows_per_block=24)
+        generic.TiledConfig(rows_per_block=24)
     with pytest.raises(ValueError, match="rows_per_block"):
-        cute_gemv.TiledConfig(rows_per_block=4, warps_per_block=8)
+        generic.TiledConfig(rows_per_block=4, warps_per_block=8)
     with pytest.raises(ValueError, match="chunks_per_step: expected >= 1, got 0"):
-        cute_gemv.TiledConfig(chunks_per_step=0)
+        generic.TiledConfig(chunks_per_step=0)
     with pytest.raises(ValueError, match="max_k: expected a multiple of 64 whose decoded B fits 49152 bytes"):
-        cute_gemv.TiledConfig(max_k=32768)
+        generic.TiledConfig(max_k=32768)
     with pytest.raises(ValueError, match="decode.*sm_100a or newer"):
-        cute_gemv.compile_gemv("fast", "sm_90a", cute_gemv.FastConfig(decode="hw"))
+        cute_gemv.compile_ptx("fast", "sm_90a", generic.FastConfig(decode="hw"))
     with pytest.raises(ValueError, match="decode"):
         cute_gemv.resolve_decode("sm_90a", "table")
 
 
-@pytest.mark.parametrize("k, expected", [(4096, "WIDE"), (32768, "WIDE"), (4608, "TILED"), (256, "TILED"),
-                                         (1536, "TILED"), (16448, "WIDE")])
-def test_default_config_fills_whole_steps(k, expected):
-    """Away from the K of its per-K table: WIDE steps cover 64 chunks of 16 bytes per row; where K/32 is
-    not a multiple of 64, the tiled kernel (its warps run on into the next row), up to the K its shared
-    memory holds."""
-    assert k not in cute_gemv.PER_K_DEFAULTS
-    assert cute_gemv.default_config(k) == getattr(cute_gemv, expected)
+def test_generic_config_fills_whole_steps():
+    """The generic kernels' rule (before the per-K kernel served every K): WIDE steps cover 64 chunks of 16 bytes
+    per row; where K/32 is not a multiple of 64, the tiled kernel (its warps run on into the next row), up to the
+    K its shared memory holds."""
+    for k, expected in [(4096, "WIDE"), (32768, "WIDE"), (4608, "TILED"), (256, "TILED"), (1536, "TILED"),
+                        (16448, "WIDE")]:
+        assert generic.generic_config(k) == getattr(generic, expected), k
+
+
+@pytest.mark.parametrize("k, chunks, rows", [(64, 1, 4), (256, 1, 4), (1536, 1, 4), (4608, 1, 4), (8192, 1, 4),
+                                             (8256, 2, 2), (20480, 3, 2), (65536, 8, 2), (262144, 8, 2)])
+def test_default_config_is_a_per_k_kernel_at_every_k(k, chunks, rows):
+    """Away from the measured K: one chunk of 4 rows per thread up to K = 8192, then chunks of 2 rows, at most 8
+    chunks; every such K is held (at most 1024 threads per block)."""
+    cfg = cute_gemv.default_config(k)
+    assert (cfg.chunks_per_thread, cfg.rows_per_thread, cfg.row_slots, cfg.decode, cfg.compute) == \
+        (chunks, rows, 1, "auto", True)
+    assert cfg.refusal(k) is None
+
+
+def test_a_k_the_per_k_kernel_cannot_hold_is_refused_naming_a():
+    """Past 8 chunks of 1024 threads per row; the dispatcher then passes the path over for that K."""
+    for k in (262208, 2**20):
+        assert cute_gemv.default_config(k).refusal(k).startswith("a: expected K <= 262144 for the whole-K kernel")
+    assert cute_gemv.CuteGemv("fast").refusal(2**20).startswith("a: expected K <= 262144")
+    assert cute_gemv.CuteGemv("fast", generic.WIDE).refusal(2**20) is None
+
+
+def test_the_rule_gives_the_measured_configs_at_the_measured_k():
+    """`per_k_rule` is the measured table's pattern: at the benchmark K it gives the configs measured fastest."""
+    assert all(cute_gemv.per_k_rule(k) == cfg for k, cfg in cute_gemv.PER_K_DEFAULTS.items())
+
+
+OTHER_K = (64, 256, 1536, 4608, 20480)
+
+
+@pytest.fixture(scope="module")
+def other_k_ptx():
+    """PTX of the default config at K other than the benchmark's, for both targets."""
+    return {(k, t): cute_gemv.compile_ptx("fast", t, k=k) for k in OTHER_K for t in TARGETS}
+
+
+@pytest.mark.parametrize("k", OTHER_K)
+def test_default_config_compiles_at_other_k_for_both_targets(other_k_ptx, k):
+    plan = cute_whole_k.plan_for(cute_gemv.default_config(k), k)
+    for target in TARGETS:
+        text = other_k_ptx[k, target]
+        assert f".target {target}" in text and not re.search(r"\.local\b|ld\.local|st\.local", text)
+        assert ("cvt.rn.f16x2.e2m1x2" in text) == (target == "sm_100a") and ("dp4a" in text) == (target == "sm_90a")
+        loads = re.findall(r"ld\.global[\w.:]*\.v4\.u32", text)
+        assert len(loads) == plan.chunks_per_thread * (plan.rows_per_thread + 1), (k, target)
 
 
 def test_default_config_at_the_measured_k_is_its_per_k_kernel_and_holds_that_k():
@@ -227,9 +278,10 @@ def test_cpu_call_gives_clear_error():
 
 KERNELS = {  # name -> (variant, config); None is the per-K default
     "naive": ("naive", None), "fast": ("fast", None),
-    "fast-wide-bitops": ("fast", cute_gemv.FastConfig(decode="bitops")), "fast-tall": ("fast", cute_gemv.TALL),
-    "fast-wide": ("fast", cute_gemv.WIDE), "tiled-16x8x4": ("fast", cute_gemv.TiledConfig(16, 8, 4)),
-    "tiled-bitops": ("fast", cute_gemv.TiledConfig(decode="bitops")),
+    "fast-wide-bitops": ("fast", generic.FastConfig(decode="bitops")), "fast-tall": ("fast", generic.TALL),
+    "fast-wide": ("fast", generic.WIDE), "tiled-16x8x4": ("fast", generic.TiledConfig(16, 8, 4)),
+    "generic": ("fast", generic.generic_config),
+    "tiled-bitops": ("fast", generic.TiledConfig(decode="bitops")),
 }
 
 
@@ -255,7 +307,7 @@ def test_too_old_dsl_is_refused_with_the_version(monkeypatch):
     assert device._probe_cute_dsl() is None  # so capabilities() reports no usable DSL and the paths skip
     monkeypatch.setattr(cute_launch, "DSL_PROBLEM", problem)  # what cute.launch read from cute.ptx at import
     with pytest.raises(RuntimeError, match="4.3.0 is older than"):
-        cute_gemv.compile_gemv("fast", "sm_100a")
+        cute_gemv.compile_ptx("fast", "sm_100a", k=2048)
     for fine in ("4.3.4", "4.6.3", "4.10.2", "@CUTLASS_IR_WHEEL_RELEASE_VERSION@"):
         monkeypatch.setattr(cute_ptx.cutlass, "__version__", fine)
         assert cute_ptx.dsl_problem() is None, fine
@@ -274,10 +326,10 @@ def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "tvm_ffi", None)
     assert not cute_gemv.has_tvm_ffi()
-    fn = cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL)
+    fn = cute_gemv.default_config(7168).compile("sm_100a", 7168)
     assert type(fn).__name__ == "CudaDialectJitCompiledFunction"
     with pytest.raises(Exception, match="TVM FFI is not installed"):
-        cute_gemv.compile_gemv("fast", "sm_100a", cute_gemv.TALL, tvm_ffi=True)
+        cute_gemv.default_config(7168).compile("sm_100a", 7168, tvm_ffi=True)
     pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)
     args = cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=False)
     marshalled, _ = fn.generate_execution_args(*args, cute_gemv.cu_stream()(0))
@@ -329,7 +381,7 @@ def test_tiled_kernel_refuses_a_k_beyond_its_shared_memory(monkeypatch):
     """B is decoded into shared memory sized for max_k at compile time: a longer K is refused by name."""
     monkeypatch.setattr(cute_gemv, "validate_gemv_input", lambda data, device: Shape(128, 16448, 1))
     with pytest.raises(NVFP4InputError, match="b: expected K <= 16384 for the tiled kernel.*got K = 16448"):
-        cute_gemv.CuteGemv("fast", cute_gemv.TILED)._arguments(generate_input(128, 256, 1))
-    assert cute_gemv.default_config(16448) == cute_gemv.WIDE  # the default never asks it to
-    assert cute_gemv.TILED.refusal(16384) is None and cute_gemv.TILED.refusal(16448).startswith("b: expected K <=")
-    assert cute_gemv.WIDE.refusal(2**20) is None
+        cute_gemv.CuteGemv("fast", generic.TILED)._arguments(generate_input(128, 256, 1))
+    assert generic.generic_config(16448) == generic.WIDE  # the generic rule never asks it to
+    assert generic.TILED.refusal(16384) is None and generic.TILED.refusal(16448).startswith("b: expected K <=")
+    assert generic.WIDE.refusal(2**20) is None

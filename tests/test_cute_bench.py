@@ -9,18 +9,26 @@ from nvfp4lib.bench import cute_bench
 from nvfp4lib.bench.timing import StoppingRule
 from nvfp4lib.bench.ceilings import TorchRead, read_ceilings
 from nvfp4lib.contract import Shape
-from nvfp4lib.cute.gemv import TILED, FastConfig
+from nvfp4lib.cute.gemv import NaiveConfig
 from nvfp4lib.problem import bytes_moved
 from nvfp4lib.reference import reference_gemv
+from nvfp4lib.study.generic_kernels import TILED, FastConfig, generic_config
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 128, 2)]
 
 
 class StandIn:
-    """Has what cute_bench reads of a CuteGemv: a call and a config (None for the naive kernel)."""
+    """Has what cute_bench reads of a CuteGemv: a call, the config of each K (the naive kernel's without one)
+    and whether it refuses a K."""
 
     def __init__(self, cfg=None, wrong=False):
         self.cfg, self.wrong = cfg, wrong
+
+    def config_for(self, k):
+        return self.cfg or NaiveConfig()
+
+    def refusal(self, k):
+        return self.config_for(k).refusal(k)
 
     def __call__(self, data):
         *_, c = data
@@ -64,6 +72,7 @@ def test_time_all_rows(monkeypatch, tmp_path):
 def test_kernel_names_follow_the_package_scheme():
     name = cute_bench.kernel_name
     assert (name("naive"), name("fast"), name("fast", FastConfig())) == ("cute_naive", "cute_fast", "cute_fast[]")
+    assert name("fast", generic_config) == "cute_generic" and cute_bench.RULES["generic"] is generic_config
     assert name("fast", cute_bench.parse_config("8x4x1x4-lut")) == "cute_fast[rows_per_warp=8,unroll=1,decode=lut]"
     assert name("fast", cute_bench.parse_config("4x4x2x4-perm-loads:.nc")) == \
         "cute_fast[compute=False,a_load=.nc,permuted_scales=True]"
@@ -93,6 +102,14 @@ def test_a_fast_config_checks_its_own_range():
         FastConfig(rows_per_warp=3)
     with pytest.raises(ValueError, match="prefetch >= 0"):
         FastConfig(prefetch=-1)
+
+
+def test_shapes_option_names_other_shapes_and_refuses_bad_text():
+    assert cute_bench.parse_shapes("4096x4608x2,128x64x1") == [Shape(4096, 4608, 2), Shape(128, 64, 1)]
+    assert cute_bench.shape_set(Shape(4096, 4608, 2)) == "sweep" and cute_bench.shape_set(Shape(7168, 2048, 4)) == \
+        "benchmark"
+    with pytest.raises(SystemExit, match="--shapes: expected MxKxL"):
+        cute_bench.parse_shapes("4096x4608")
 
 
 def _few_calls(measure):

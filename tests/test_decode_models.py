@@ -201,8 +201,10 @@ def hw_ptx():
     cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
     if cute_gemv.cute is None:
         pytest.skip("the CuTe DSL is not installed")
-    return {name: (cute_gemv.compile_ptx("fast", "sm_100a", getattr(cute_gemv, name)), getattr(cute_gemv, name))
-            for name in ("WIDE", "TALL")}
+    from nvfp4lib.study import generic_kernels
+
+    return {name: (cute_gemv.compile_ptx("fast", "sm_100a", getattr(generic_kernels, name)),
+                   getattr(generic_kernels, name)) for name in ("WIDE", "TALL")}
 
 
 @pytest.mark.cute
@@ -229,7 +231,8 @@ def test_pairing_check_sees_a_swapped_operand(hw_ptx):
 def test_hopper_ptx_accumulates_like_the_model():
     """sm_90a (lookup decode): the same fma.rn.f32 per block, and B's scales times 1/4 once per step."""
     cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
-    cfg = cute_gemv.WIDE
+    from nvfp4lib.study.generic_kernels import WIDE as cfg
+
     ptx = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
     ops = [op for op, _ in instructions(ptx)]
     assert ops.count("fma.rn.f32") == ops.count("cvt.rn.f32.s32") == 2 * cfg.rows_per_warp * cfg.unroll

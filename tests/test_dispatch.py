@@ -209,6 +209,38 @@ def test_a_chosen_path_that_fails_to_build_gives_way_to_the_next(monkeypatch):
         forced(data)
 
 
+class _RefusesK:
+    """A kernel that is right (the emulation) and, like the CuTe runner, refuses a K it cannot hold."""
+
+    def __init__(self, refused_k: int):
+        self.refused_k = refused_k
+
+    def refusal(self, k: int) -> str | None:
+        return f"a: expected K <= 256 for the whole-K kernel, got K = {k}" if k == self.refused_k else None
+
+    def __call__(self, data):
+        return scaled_mm.gemv_scaled_mm_permuted(data)
+
+
+def test_a_path_that_refuses_the_shapes_k_gives_way_to_the_next_for_that_shape_only(monkeypatch):
+    """The per-K kernel refuses a K it cannot hold (naming a): that shape runs the next path of FALLBACK_ORDER;
+    another K still runs the first path, which passed its self-check."""
+    kernel = _RefusesK(512)
+    monkeypatch.setitem(paths.PATHS, "cute_fast", dataclasses.replace(paths.PATHS["cute_fast"], build=lambda: kernel,
+                                                                       unavailable=paths.runs_anywhere))
+    mine = dispatch.Dispatcher()
+    monkeypatch.setattr(mine, "_choose", lambda shape, *args: dispatch.Decision("cute_fast", "chosen",
+                                                                                 dispatch.shape_class(shape), "device"))
+    refused, taken = _fresh(Shape(128, 512, 1)), _fresh(Shape(128, 256, 1))
+    for data in (refused, taken):
+        assert check(mine(data), data).ok
+    decision = mine.decisions()[(refused.a.shape, False)]
+    assert decision.path == "scaled_mm_permuted" and decision.source == "fallback"
+    assert decision.reason == ("cute_fast cannot run here (a: expected K <= 256 for the whole-K kernel, got K = 512); "
+                               "the next path of FALLBACK_ORDER")
+    assert mine.decisions()[(taken.a.shape, False)].path == "cute_fast"
+
+
 def _table_for(caps: Capabilities) -> dispatch.Table:
     big, many = BENCHMARK_SHAPES[0], BENCHMARK_SHAPES[1]
     return dispatch.Table(caps.name, "10.0", {

@@ -139,10 +139,12 @@ def test_find_profile_prefers_this_device_then_a_committed_one(tmp_path, monkeyp
 
 class _FakeRunner:
     """A kernel as cute_bench.variants yields it, recording what the child does with it."""
-    cfg = None  # no per-K config: never refused
 
     def __init__(self, name, calls):
         self.name, self.calls = name, calls
+
+    def refusal(self, k):
+        return None  # refuses no K
 
     def prepare(self, data):
         self.calls.append(("prepare", self.name))
@@ -170,7 +172,8 @@ def test_the_child_builds_kernels_as_cute_bench_does_and_calls_each_once(tmp_pat
             yield name, _FakeRunner(name, calls)
 
     monkeypatch.setattr(cute_bench, "variants", variants)
-    monkeypatch.setattr(problem, "generate_input", lambda *shape, **kwargs: shape)
+    monkeypatch.setattr(problem, "generate_input",  # only a's shape is read: the K
+                        lambda m, k, l, **kwargs: (torch.empty(m, k // 2, l, dtype=torch.uint8),))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     manifest = tmp_path / "manifest.jsonl"
     shapes = [Shape(128, 256, 1), Shape(256, 512, 2)]

@@ -62,16 +62,15 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
     with pytest.raises(SystemExit, match="w2x4"):
         cute_bench.parse_config("w2x4")
 
-    class Runner:  # what cute_bench reads of a CuteGemv
-        cfg = WholeKConfig(chunks_per_thread=1, row_slots=2)
+    from nvfp4lib.cute.gemv import CuteGemv  # without a GPU nothing is compiled
 
-    assert cute_bench.refusal(Runner(), generate_input(128, 64, 1)) is None
+    runner = CuteGemv("fast", WholeKConfig(chunks_per_thread=1, row_slots=2))
+    assert cute_bench.refusal(runner, generate_input(128, 64, 1)) is None
     big = generate_input(128, 64, 1)
     big = (torch.empty(128, 16384, 1, dtype=torch.uint8), *big[1:])  # only a's shape is read: K = 32768
-    assert "K <= 16384" in cute_bench.refusal(Runner(), big)
-    assert Runner.cfg.refusal(32768) == cute_bench.refusal(Runner(), big) and Runner.cfg.refusal(16384) is None
-    Runner.cfg = None  # the default config: it refuses no K
-    assert cute_bench.refusal(Runner(), big) is None
+    assert "K <= 16384" in cute_bench.refusal(runner, big)
+    assert runner.cfg.refusal(32768) == cute_bench.refusal(runner, big) and runner.cfg.refusal(16384) is None
+    assert cute_bench.refusal(CuteGemv("fast"), big) is None  # the default config holds K = 32768
 
 
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
@@ -133,6 +132,20 @@ def test_model_decodes_agree_bit_for_bit_and_match_the_reference(shape):
     assert result.ok, result.message
     exact16 = reference_gemv(data)[:, 0, :].numpy().astype(np.float16)
     assert np.array_equal(fp16.view(np.uint16), exact16.view(np.uint16))  # no fp32 rounding crossed an fp16 tie here
+
+
+@pytest.mark.parametrize("k", [64, 256, 1536, 4608, 20480])
+def test_default_config_at_other_k_matches_the_reference_through_its_model(k):
+    """Away from the measured K the default is still a per-K kernel (`gemv.per_k_rule`): its model, every
+    decode bit for bit alike, passes the reference's check."""
+    from nvfp4lib.cute import gemv
+
+    data = generate_input(128, k, 2 if k <= 1536 else 1, seed=k, mode="full")
+    plan = plan_for(gemv.default_config(k), k)
+    results = {d: wm.plan_model(data, plan, d) for d in ("hw", "lut")}
+    assert np.array_equal(results["hw"][0].view(np.uint32), results["lut"][0].view(np.uint32))
+    result = check(torch.from_numpy(results["hw"][1]).unsqueeze(1), data)
+    assert result.ok, result.message
 
 
 def test_exactness_text_names_the_bounds():
@@ -266,12 +279,12 @@ def test_config_model_models_the_kernel_each_config_runs():
     """What a check of the default runner compares against: the per-K plan for a per-K config, the fast
     kernel's lane order for the fast and tiled kernels."""
     from nvfp4lib.cute import gemv
-    from nvfp4lib.study import decode_models
+    from nvfp4lib.study import decode_models, generic_kernels
 
     data = generate_input(128, 2048, 2, seed=5, mode="full")
     per_k = wm.config_model(data, gemv.default_config(2048), "hw")
     expected = wm.plan_model(data, plan_for(gemv.PER_K_DEFAULTS[2048], 2048), "hw")
     assert all(np.array_equal(x.view(np.uint32 if x.dtype == np.float32 else np.uint16),
                               y.view(np.uint32 if y.dtype == np.float32 else np.uint16)) for x, y in zip(per_k, expected))
-    fast = wm.config_model(data, gemv.TILED, "lut")[0]
+    fast = wm.config_model(data, generic_kernels.TILED, "lut")[0]
     assert np.array_equal(fast.view(np.uint32), decode_models.fast_kernel_model(data, "lut")[0].view(np.uint32))

@@ -12,12 +12,15 @@ judged: "% of best read" is the best read's time as a percentage of the kernel's
 ``--csv`` writes the reads and the kernels in the benchmark CSV's schema (`report.write_csv`).
 
 Kernels are named as everywhere in the package, lowercase words joined by underscores: ``cute_naive``,
-``cute_fast`` (the per-K default config), and a fixed config as ``cute_fast[...]`` listing the
+``cute_fast`` (the per-K default config, ``--configs default``), ``cute_generic`` (``--configs generic``: the
+wide or tiled kernel per K, the rule before the per-K kernel served every K,
+`study.generic_kernels.generic_config`), and a fixed config as ``cute_fast[...]`` listing the
 `FastConfig` fields that differ from their defaults, e.g. ``cute_fast[rows_per_warp=8,unroll=1]``, or
-``cute_tiled[...]`` for the tiled kernel's `TiledConfig`, ``cute_wholek[...]`` for the per-K kernel's
-`whole_k.WholeKConfig` (`kernel_name`). These names are the rows' ``path`` in the CSV. A kernel
-whose config cannot run a shape's K (a per-K block too small for it) says so ("refused") and is neither
-checked nor timed there.
+``cute_tiled[...]`` for the tiled kernel's `TiledConfig` (both in `nvfp4lib.study.generic_kernels`),
+``cute_wholek[...]`` for the per-K kernel's `whole_k.WholeKConfig` (`kernel_name`). These names are the
+rows' ``path`` in the CSV. A kernel whose config cannot run a shape's K (a per-K block too small for it)
+says so ("refused") and is neither checked nor timed there. ``--shapes 128x4608x2,...`` times other shapes
+than the benchmark's (the checks always run the test and extra shapes).
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
 from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
-from nvfp4lib.cute.gemv import CuteGemv, FastConfig, TiledConfig
+from nvfp4lib.contract import Shape
+from nvfp4lib.cute.gemv import CuteGemv
 from nvfp4lib.cute.whole_k import WholeKConfig
 from nvfp4lib.device import capabilities, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
+from nvfp4lib.study.generic_kernels import FastConfig, TiledConfig, generic_config
 
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of nvfp4lib.cute.gemv.default_config
 
@@ -81,14 +86,20 @@ def parse_config(text: str) -> FastConfig | TiledConfig:
     return cfg
 
 
-def kernel_name(variant: str, cfg: FastConfig | TiledConfig | None = None) -> str:
-    """The kernel's name: "cute_naive"; "cute_fast" for the per-K default config (``cfg=None``); else
-    "cute_fast[...]" (a `FastConfig`) or "cute_tiled[...]" (a `TiledConfig`) with the fields of ``cfg``
-    that differ from its class's defaults, in the order of its fields ("cute_fast[]": FastConfig() itself)."""
+RULES = {"default": None, "generic": generic_config}
+"""The --configs that pick a config per K: the package's default (`cute.gemv.default_config`), and the
+generic kernels' rule of before."""
+
+
+def kernel_name(variant: str, cfg=None) -> str:
+    """The kernel's name: "cute_naive"; "cute_fast" for the per-K default config (``cfg=None``), "cute_generic"
+    for `generic_config`; else "cute_fast[...]" (a `FastConfig`) or "cute_tiled[...]" (a `TiledConfig`) with the
+    fields of ``cfg`` that differ from its class's defaults, in the order of its fields ("cute_fast[]":
+    FastConfig() itself)."""
     if variant == "naive":
         return "cute_naive"
-    if cfg is None:
-        return "cute_fast"
+    if cfg is None or cfg is generic_config:
+        return "cute_fast" if cfg is None else "cute_generic"
     changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
                if getattr(cfg, field.name) != field.default]
     kind = {TiledConfig: "tiled", WholeKConfig: "wholek"}.get(type(cfg), "fast")
@@ -97,11 +108,29 @@ def kernel_name(variant: str, cfg: FastConfig | TiledConfig | None = None) -> st
 
 def variants(configs):
     """(kernel_name, CuteGemv) of the naive kernel and of the fast kernel with each of ``configs``
-    (texts for `parse_config`, or "default")."""
+    (texts for `parse_config`, or a name of `RULES`)."""
     yield kernel_name("naive"), CuteGemv("naive")
     for text in configs:
-        cfg = None if text == "default" else parse_config(text)
+        cfg = RULES[text] if text in RULES else parse_config(text)
         yield kernel_name("fast", cfg), CuteGemv("fast", cfg)
+
+
+def computes(kernel, shape) -> bool:
+    """Whether ``kernel`` computes at this shape (a loads-only config does not: its results are wrong)."""
+    return kernel.config_for(shape.k).compute
+
+
+def shape_set(shape) -> str:
+    """The CSV's shape_set of a timed shape: "benchmark", or "sweep" for another (--shapes)."""
+    return "benchmark" if shape in BENCHMARK_SHAPES else "sweep"
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """'MxKxL,MxKxL,...' -> the shapes to time (--shapes)."""
+    try:
+        return [Shape(*(int(v) for v in item.lower().split("x"))) for item in text.split(",")]
+    except (ValueError, TypeError) as err:
+        raise SystemExit(f"--shapes: expected MxKxL[,MxKxL...] such as 4096x4608x2, got {text!r} ({err})") from None
 
 
 def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
@@ -110,9 +139,9 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
     for shape in shapes:
         data = generate_input(*shape, seed=seed, mode="full", device=device)
         for name, kernel in kernels:
-            if kernel.cfg is not None and not kernel.cfg.compute:
-                continue
             refused = refusal(kernel, data)
+            if not refused and not computes(kernel, shape):
+                continue
             if refused:
                 print(f"check {name} {shape.m}x{shape.k}x{shape.l}: refused ({refused})", flush=True)
                 continue
@@ -137,7 +166,7 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
 
 def refusal(kernel, data) -> str | None:
     """Why ``kernel`` refuses this input (a config that cannot run its K: `refusal` of the config), or None."""
-    return None if kernel.cfg is None else kernel.cfg.refusal(2 * data[0].shape[1])
+    return kernel.refusal(2 * data[0].shape[1])
 
 
 def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: list[dict] | None = None,
@@ -153,7 +182,7 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
     if flush not in FLUSHES:
         raise ValueError(f"flush: expected one of {FLUSHES}, got {flush!r}")
     if reads is None:
-        reads = read_ceilings([("benchmark", s) for s in shapes], clean=flush == "clean", large=False,
+        reads = read_ceilings([(shape_set(s), s) for s in shapes], clean=flush == "clean", large=False,
                               reps=reps, device=device, log=print)
     rows, ceilings = [], CeilingIndex(reads)
     for shape in shapes:
@@ -167,11 +196,9 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
             kernel(data)  # compiles on first use, outside the timings
             n = reps if name != kernel_name("naive") else max(3, reps // 20)
             timings = measure(lambda: kernel(data), reps=n, warmup=min(10, n), flush=flush)  # noqa: B023
-            computes = kernel.cfg is None or kernel.cfg.compute
-            note = f"flush {flush}" + ("" if computes else "; loads only: not checked")
-            row = dict(path=name, kind="nvfp4lib", label=name,
-                       shape_set="benchmark", m=shape.m, k=shape.k, l=shape.l, bytes=nbytes, status="ok", note=note,
-                       flush=flush, **timing_fields(timings, nbytes))
+            note = f"flush {flush}" + ("" if computes(kernel, shape) else "; loads only: not checked")
+            row = dict(path=name, kind="nvfp4lib", label=name, shape_set=shape_set(shape), m=shape.m, k=shape.k,
+                       l=shape.l, bytes=nbytes, status="ok", note=note, flush=flush, **timing_fields(timings, nbytes))
             row.update(ceilings.percent_of_read(row, flush))
             rows.append(row)
             print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
@@ -185,7 +212,10 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m nvfp4lib.bench.cute_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--configs", nargs="+", default=DEFAULT_CONFIGS,
-                        help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., per-K ones wCxQxS..., or 'default'")
+                        help="fast-kernel configs RxWxU..., tiled ones tRxWxN..., per-K ones wCxQxS..., or "
+                             f"{' or '.join(map(repr, RULES))} (a config per K)")
+    parser.add_argument("--shapes", type=parse_shapes, default=BENCHMARK_SHAPES,
+                        help="MxKxL[,MxKxL...]: the shapes to time (default: the benchmark shapes)")
     parser.add_argument("--reps", type=int, default=200, help="timed calls of kernel and host-visible time")
     parser.add_argument("--no-check", action="store_true")
     parser.add_argument("--flush", nargs="+", default=["dirty"], choices=FLUSHES,
@@ -204,10 +234,10 @@ def main(argv=None) -> int:
         return 0
     kernels = list(variants(args.configs))
     ok = args.no_check or check_all(kernels, TEST_SHAPES + EXTRA_SHAPES, seed=0)
-    reads = read_ceilings([("benchmark", s) for s in BENCHMARK_SHAPES], clean="clean" in args.flush,
+    reads = read_ceilings([(shape_set(s), s) for s in args.shapes], clean="clean" in args.flush,
                           reps=args.reps, log=print)
     print(ceiling_table(reads))
-    rows = [row for flush in args.flush for row in time_all(kernels, BENCHMARK_SHAPES, reps=args.reps, flush=flush,
+    rows = [row for flush in args.flush for row in time_all(kernels, args.shapes, reps=args.reps, flush=flush,
                                                             reads=reads)]
     if args.csv:
         context = context_fields(caps, quick=False)

@@ -1,2 +1,3 @@
 """The CuTe DSL kernels: PTX instruction wrappers (`ptx`), the decode constants (`constants`), the
-FP4/E4M3 decodes (`decode`) and the GEMV kernels with their host class (`gemv`). Part of the core."""
+FP4/E4M3 decodes (`decode`), compiling and launching (`launch`), the per-K kernels (`whole_k`) and the
+naive kernel with the host classes (`gemv`). Part of the core."""

@@ -1,24 +1,17 @@
-"""CuTe DSL NVFP4 GEMV kernels: a naive baseline and a bandwidth-bound fast kernel, and their host side.
+"""The CuTe GEMV's host side and its naive kernel: which kernel runs at each K, and how a call reaches it.
 
-Both read the leaderboard tensors in place and cover all L batches in one launch. The FP4 decode is picked per
-target when a kernel is compiled (`launch.resolve_decode`); the decodes and their block sums are in
-`nvfp4lib.cute.decode`, the PTX under them in `nvfp4lib.cute.ptx`: this module holds what the kernels do with
-them.
+`default_config(K)` is a per-K kernel (`nvfp4lib.cute.whole_k`) for every K: the measured ones of
+`PER_K_DEFAULTS` at the benchmark K, `per_k_rule` elsewhere. The naive kernel (`NaiveConfig`, one thread
+per row) is the baseline path ``cute_naive``. A config compiles its own kernel (`compile`, `compiled`) and
+says which K it cannot run (`refusal`), so the host takes any config: the generic kernels that led to the
+per-K one (the wide, tall and tiled tiles of `nvfp4lib.study.generic_kernels`) run through the same host.
 
-The fast kernel proper gives each warp ``rows_per_warp`` rows of one batch at a time (a "row group"; warps
-walk row groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so
-every load of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded
-once per chunk and reused for all rows of the warp. Each 16-element block is summed exactly
-(`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp with shuffles,
-and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load);
-the permuted tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md).
-`default_config` picks it, the tiled kernel (`TiledConfig`) or a per-K kernel (`nvfp4lib.cute.whole_k`) per K.
-
-The public leaderboard's harness imports ``OpError`` from ``cutlass.cute.nvgpu.common``, which the DSL removed
-in 4.7.0, so the leaderboard ran 4.6.x or older (the kernels need 4.6.0, `device.MIN_CUTE_DSL`); where these
-kernels cannot be built, the exported submissions fall back (nvfp4lib.leaderboard.export). They are called
-through TVM-FFI (integers and the raw stream handle, the cheapest host call) where apache-tvm-ffi is
-installed, else through the DSL's plain call path (`launch_arguments`)."""
+Both read the leaderboard tensors in place and cover all L batches in one launch; the FP4 decode is picked
+per target when a kernel is compiled (`launch.resolve_decode`). `CuteLaunch` calls a kernel with nothing
+checked (the standalone file's), `CuteRunner` validates each input once and remembers its arguments (the
+package's paths), `CuteGemv` names a runner by variant. The kernels are built and checked with CuTe DSL
+`device.MIN_CUTE_DSL` and newer; where they cannot be built, the exported submissions fall back
+(nvfp4lib.leaderboard.export)."""
 
 from __future__ import annotations
 
@@ -30,28 +23,34 @@ import torch
 
 from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
-from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, decode_b_word, decode_b_word_as,
-                                  decode_factor, decode_word_bitops, decode_word_hw, loads_xor, lut_table,
-                                  lut_table_smem, scaled_b, store_lut_table)
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32,
-                               half2_to_f32_pair, ld_global_u16_if, ld_global_u32, ld_global_v4_if, ld_shared,
-                               prefetch_l2_if, smem_allocator, smem_words, st_shared)
-from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
-                                  resolve_decode)
-from nvfp4lib.cute.whole_k import WholeKConfig
+from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
+from nvfp4lib.cute.launch import compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi
+from nvfp4lib.cute.launch import resolve_decode
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
+                               ld_global_u16_if, ld_global_u32)
+from nvfp4lib.cute.whole_k import MAX_CHUNKS_PER_THREAD, WholeKConfig
 from nvfp4lib.device import capabilities
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
-MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; FastConfig and TiledConfig keep to it too
+MAX_ROWS_PER_BLOCK = 128  # the naive kernel's block; every kernel keeps to it
 MAX_ROWS = _INT32_MAX + 1 - MAX_ROWS_PER_BLOCK
 """Largest M * L the kernels take: they count rows over all batches in 32-bit integers, and the grid
 size (M * L + rows per block - 1) // rows per block, with up to 128 rows per block, must fit too."""
 
 
+def row_blocks(rows_per_block: int, max_blocks: int = 1 << 30):
+    """The grid of a kernel with a block per ``rows_per_block`` rows over (L, M), at most ``max_blocks``:
+    ``grid(m, l)`` as `launch.compile_gemv_launch` takes it (traced: M and L are runtime values)."""
+    def grid(m, l):
+        return [cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks), 1, 1]
+
+    return grid
+
+
 class OneKernelForEveryK:
-    """What `CuteGemv` asks of every config (`whole_k.WholeKConfig` has the same methods): here one
-    compiled kernel serves every K."""
+    """What the host asks of every config (`whole_k.WholeKConfig` has the same methods), for a config whose one
+    compiled kernel serves every K: its ``kernel(decode)`` gives (the kernel, threads per block, grid)."""
 
     permuted_scales = False  # the scales a kernel reads: the plain ones unless a config says otherwise
 
@@ -60,12 +59,17 @@ class OneKernelForEveryK:
         return None
 
     def compile(self, arch: str | None, k: int | None = None, options: str = "", tvm_ffi: bool | None = None):
-        """The config's kernel for ``arch``, compiled now (`compile_gemv`; ``k`` is not needed)."""
-        return compile_gemv("fast", arch, self, options, tvm_ffi)
+        """The config's kernel for ``arch``, compiled now in the GEMV launch (``k`` is not needed)."""
+        arch = compile_target(arch)
+        kernel, threads, grid = self.kernel(resolve_decode(arch, self.decode))
+        return compile_gemv_launch(kernel, grid, threads, self.permuted_scales, arch, options, tvm_ffi)
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The compiled kernel, from the compile cache (`launch.compiled_kernel`): one for every K."""
         return compiled_kernel(self, arch, None, tvm_ffi)
+
+
+# --------------------------------------------------------------------------- naive kernel
 
 
 @dataclass(frozen=True)
@@ -77,362 +81,31 @@ class NaiveConfig(OneKernelForEveryK):
     compute = True  # not fields: what a benchmark reads of every config
     permuted_scales = True
 
-
-@dataclass(frozen=True)
-class FastConfig(OneKernelForEveryK):
-    """Compile-time shape of the fast kernel (one compiled variant per config)."""
-
-    rows_per_warp: int = 4
-    warps_per_block: int = 4
-    unroll: int = 2  # 16-byte chunks per lane and row in one step
-    blocks_per_sm: int = 4  # grid = min(work, SMs x this): warps loop over row groups
-    compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
-    a_load: str = ".nc.L1::no_allocate"  # PTX qualifiers of the A loads (read once: skip L1)
-    permuted_scales: bool = False  # read sfa_permuted/sfb_permuted instead of the plain sfa/sfb
-    decode: str = "auto"  # FP4 decode: "hw" (sm_100a+), "lut" or "bitops" (any); "auto" picks per target
-    prefetch: int = 0  # steps ahead whose A rows are prefetched into L2 (bulk prefetch, sm_90+); 0: none
-    lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
-
-    def __post_init__(self):
-        if min(self.rows_per_warp, self.warps_per_block, self.unroll, self.blocks_per_sm) < 1 or self.prefetch < 0:
-            raise ValueError(f"FastConfig: expected rows_per_warp, warps_per_block, unroll and blocks_per_sm >= 1 and "
-                             f"prefetch >= 0, got {self}")
-        if MAX_ROWS_PER_BLOCK % self.rows_per_block or self.rows_per_warp > 32:
-            raise ValueError(f"rows_per_warp x warps_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} with at "
-                             f"most 32 rows per warp (a lane writes each), got {self.rows_per_warp} x "
-                             f"{self.warps_per_block}")
-
-    @property
-    def rows_per_block(self) -> int:
-        return self.rows_per_warp * self.warps_per_block
-
-
-# --------------------------------------------------------------------------- fast kernel
-
-
-def _make_staging(rows: int, unroll: int):
-    """Register buffers for one step's loads (U chunks of 16 bytes per lane): A words and scales of R rows, B
-    words and scales, so that the kernel can issue the next step's loads before it computes the current one."""
-    return (cute.make_rmem_tensor((rows * unroll * 4,), Int32), cute.make_rmem_tensor((rows * unroll,), cutlass.Int16),
-            cute.make_rmem_tensor((unroll * 4,), Int32), cute.make_rmem_tensor((unroll,), cutlass.Int16))
-
-
-def _stage_loads(stage, group, chunk0, n_chunks, live, rows: int, unroll: int, a_load: str):
-    """Issue the loads of one step: chunks chunk0 + 32 * u of the rows of ``group``."""
-    a_buf, sfa_buf, b_buf, sfb_buf = stage
-    for u in range(unroll):
-        chunk = chunk0 + 32 * u
-        ok = live & (chunk < n_chunks)
-        words = ld_global_v4_if(group.b_row + chunk * 16, ok, ".nc")
-        for i in range(4):
-            b_buf[4 * u + i] = words[i]
-        sfb_buf[u] = ld_global_u16_if(group.sfb_row + group.scale_offset(chunk), ok)
-        for r in range(rows):
-            words = ld_global_v4_if(group.a_rows[r] + chunk * 16, ok, a_load)
-            for i in range(4):
-                a_buf[(r * unroll + u) * 4 + i] = words[i]
-            sfa_buf[r * unroll + u] = ld_global_u16_if(group.sfa_rows[r] + group.scale_offset(chunk), ok)
-
-
-def _stage_snapshot(stage):
-    """The buffered values as plain registers, so the buffers can be refilled."""
-    return tuple([buf[i] for i in range(cute.size(buf))] for buf in stage)
-
-
-def _accumulate_step_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
-    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.accumulate_chunk`)."""
-    a, sfa, b, sfb = values
-    a_chunks = [a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4] for r in range(rows)]
-    accumulate_chunk(acc, a_chunks, sfa[u::unroll], decode_b_chunk(b[4 * u:4 * u + 4], decode, table),
-                     scaled_b(sfb[u], decode), decode, table)
-
-
-def scale_offset(chunk, permuted: bool):
-    """Byte offset of the 2 scales of a 16-byte chunk (chunk c holds scale columns 2c, 2c+1),
-    from the start of a row's scales: next to each other in the plain layout; in the permuted
-    one, 4 columns per 512-byte atom."""
-    return (chunk // 2) * SCALE_ATOM_BYTES + (chunk % 2) * 2 if permuted else chunk * 2
-
-
-def _prefetch_step(group, step, n_groups, n_chunks, lane, rows: int, unroll: int):
-    """Prefetch into L2 the A bytes of step ``step`` of row group ``group`` (if it exists): lane r
-    asks for row r's run of up to 32 * U chunks, clamped to the row's end."""
-    chunk0 = step * 32 * unroll
-    left = (n_chunks - chunk0) * 16  # bytes of the row from chunk0 on
-    for r in range(rows):
-        prefetch_l2_if(group.a_rows[r] + chunk0 * 16, left, 512 * unroll,
-                       (lane == r) & (group.index < n_groups) & (left > 0))
-
-
-class _RowGroup:
-    """Pointers of one warp's rows (R consecutive rows of one batch) and their scales: plain [rows, K/16] (a
-    warp's scale load is 64 contiguous bytes) or permuted (2 bytes in each of 16 512-byte atoms per warp load)."""
-
-    def __init__(self, a, b, sfa, sfb, group, rows: int, permuted: bool):
-        m_rows, kh = a.shape[0], a.shape[1]
-        row = group * rows  # flat row index over (L, M)
-        self.index = group
-        self.batch = row // m_rows
-        self.m0 = row - self.batch * m_rows
-        self.permuted = permuted
-        self.b_row = b.iterator + Int64(self.batch) * Int64(B_ROWS * kh)
-        self.a_rows = [a.iterator + Int64(row + r) * Int64(kh) for r in range(rows)]
-        if permuted:
-            rest_k, rest_m = kh // 32, m_rows // SCALE_TILE_ROWS  # 4 scale columns (64 codes = 32 bytes) per atom
-            atoms = Int64(rest_k * SCALE_ATOM_BYTES)
-            self.sfb_row = sfb.iterator + Int64(self.batch) * atoms
-            tile = sfa.iterator + Int64(self.batch * rest_m + self.m0 // SCALE_TILE_ROWS) * atoms
-            self.sfa_rows = [tile + ((self.m0 + r) % 32) * 16 + (((self.m0 + r) % SCALE_TILE_ROWS) // 32) * 4
-                             for r in range(rows)]
-        else:
-            self.sfb_row = sfb.iterator + Int64(self.batch) * Int64(B_ROWS * (kh // 8))
-            self.sfa_rows = [sfa.iterator + Int64(row + r) * Int64(kh // 8) for r in range(rows)]
-
-    def scale_offset(self, chunk):
-        return scale_offset(chunk, self.permuted)
-
-
-def make_fast_kernel(cfg: FastConfig, decode: str):
-    """The fast kernel for one config and FP4 decode (``resolve_decode``), to launch or compile."""
-    R, W, U = cfg.rows_per_warp, cfg.warps_per_block, cfg.unroll
-    P = cfg.permuted_scales
-
-    @cute.jit
-    def next_step(group, step, steps_per_group, stride):
-        """(row group, step) after step ``step`` of row group ``group``: a warp's next row group starts at step 0."""
-        step = step + 1
-        if step == steps_per_group:
-            group, step = group + stride, Int32(0)
-        return group, step
-
-    @cute.kernel
-    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
-        """Each warp walks its row groups (grid-stride) one step at a time, and loads step
-        t + 1 before it computes step t, so a warp always has a step of loads in flight."""
-        tidx = cute.arch.thread_idx()[0]
-        lane = tidx % 32
-        n_chunks = a.shape[1] // 16
-        steps_per_group = (n_chunks + 32 * U - 1) // (32 * U)
-        n_groups = a.shape[0] * a.shape[2] // R
-        first = cute.arch.block_idx()[0] * W + tidx // 32
-        stride = cute.arch.grid_dim()[0] * W
-        n_steps = Int32(0)
-        if first < n_groups:
-            n_steps = ((n_groups - first + stride - 1) // stride) * steps_per_group
-
-        acc = cute.make_rmem_tensor((R,), Float32)
-        for r in cutlass.range_constexpr(R):
-            acc[r] = Float32(0.0)
-        table = None
-        if cutlass.const_expr(cfg.lut_registers and decode == "lut" and cfg.compute):
-            table_addr = lut_table_smem(smem_allocator())
-            if tidx < 32:
-                store_lut_table(table_addr, tidx)
-            cute.arch.sync_threads()
-            table = lut_table(table_addr, lane)
-        stage = _make_staging(R, U)
-        # (load_group, load_step): the step whose loads are issued next, one ahead of (group_id, step)
-        load_group, load_step = first, Int32(0)
-        _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), lane, n_chunks, n_steps > 0, R, U, cfg.a_load)
-        group_id, step = first, Int32(0)
-        # (pf_group, pf_step): the step prefetched into L2 last, `cfg.prefetch` steps ahead of the loads
-        pf_group, pf_step = first, Int32(0)
-        for _ in cutlass.range_constexpr(cfg.prefetch):
-            pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
-            _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
-        for t in range(n_steps):
-            values = _stage_snapshot(stage)
-            load_group, load_step = next_step(load_group, load_step, steps_per_group, stride)
-            _stage_loads(stage, _RowGroup(a, b, sfa, sfb, load_group, R, P), load_step * 32 * U + lane, n_chunks,
-                         t + 1 < n_steps, R, U, cfg.a_load)
-            if cutlass.const_expr(cfg.prefetch > 0):
-                pf_group, pf_step = next_step(pf_group, pf_step, steps_per_group, stride)
-                _prefetch_step(_RowGroup(a, b, sfa, sfb, pf_group, R, P), pf_step, n_groups, n_chunks, lane, R, U)
-            if cutlass.const_expr(cfg.compute):
-                for u in cutlass.range_constexpr(U):
-                    _accumulate_step_chunk(values, u, R, U, acc, decode, table)
-            else:
-                touched = loads_xor(values)
-                for r in cutlass.range_constexpr(R):
-                    acc[r] = acc[r] + touched
-            step = step + 1
-            if step == steps_per_group:  # the row group is complete: reduce over the warp, write, reset
-                done = _RowGroup(a, b, sfa, sfb, group_id, R, P)
-                for r in cutlass.range_constexpr(R):
-                    total = cute.arch.warp_reduction_sum(acc[r])
-                    if lane == r:
-                        c[done.m0 + r, 0, done.batch] = total.to(Float16)
-                    acc[r] = Float32(0.0)
-                group_id, step = group_id + stride, Int32(0)
-
-    return kernel
-
-
-# --------------------------------------------------------------------------- tiled kernel
-
-
-TILED_B_WORDS = 16  # decoded B words per 16-byte chunk: 4 per word of 8 codes
-TILED_SMEM_BYTES_PER_CHUNK = TILED_B_WORDS * 4 + 8  # and B's two block scales, times DECODE_FACTOR, as fp32
-STATIC_SMEM_BYTES = 48 * 1024  # shared memory a kernel may declare statically
-
-
-@dataclass(frozen=True)
-class TiledConfig(OneKernelForEveryK):
-    """Compile-time shape of the tiled kernel (one compiled variant per config). A block owns ``rows_per_block``
-    consecutive rows of one batch (contiguous bytes of A) and decodes that batch's B once into shared memory;
-    each warp streams its share of the rows in address order, running on from one row into the next (no step
-    computes on padding, whatever K), ``chunks_per_step`` 16-byte chunks per lane in flight. Short-lived blocks
-    (one tile each), like the fastest streaming read. K up to ``max_k``: B's decoded row is sized for it."""
-
-    rows_per_block: int = 32
-    warps_per_block: int = 8
-    chunks_per_step: int = 2
-    max_k: int = 16384
-    compute: bool = True  # False: loads only, a wrong result that times the access pattern alone
-    a_load: str = ".nc.L1::no_allocate"
-    decode: str = "auto"
-    lut_registers: bool = False  # "lut" decode: the table loaded into registers (`lut_table`), not immediates
-
-    def __post_init__(self):
-        if self.warps_per_block < 1 or MAX_ROWS_PER_BLOCK % self.rows_per_block or \
-                self.rows_per_block % self.warps_per_block:
-            raise ValueError(f"rows_per_block: expected a divisor of {MAX_ROWS_PER_BLOCK} and a multiple of "
-                             f"warps_per_block, got {self.rows_per_block} rows, {self.warps_per_block} warps")
-        if self.chunks_per_step < 1:
-            raise ValueError(f"chunks_per_step: expected >= 1, got {self.chunks_per_step}")
-        if self.max_k < 64 or self.max_k % 64 or self.max_k // 32 * TILED_SMEM_BYTES_PER_CHUNK > STATIC_SMEM_BYTES:
-            raise ValueError(f"max_k: expected a multiple of 64 whose decoded B fits {STATIC_SMEM_BYTES} bytes of "
-                             f"shared memory ({TILED_SMEM_BYTES_PER_CHUNK} per 32 codes), got {self.max_k}")
-
-    @property
-    def rows_per_warp(self) -> int:
-        return self.rows_per_block // self.warps_per_block
-
-    def refusal(self, k: int) -> str | None:
-        if k > self.max_k:
-            return f"b: expected K <= {self.max_k} for the tiled kernel (B is decoded into shared memory), got K = {k}"
-        return None
-
-
-def _tile_loads(stage, a_base, sfa_base, kh, row, seg, segs, n_chunks, lane, cfg: TiledConfig):
-    """Issue one step's loads: the next ``chunks_per_step`` 32-chunk segments of the warp's rows,
-    from segment ``seg`` of row ``row`` on; returns where the next step starts."""
-    a_buf, sfa_buf = stage
-    for u in range(cfg.chunks_per_step):
-        col = seg * 32 + lane
-        ok = (row < cfg.rows_per_warp) & (col < n_chunks)
-        words = ld_global_v4_if(a_base + (row * kh + col * 16), ok, cfg.a_load)
-        for i in range(4):
-            a_buf[4 * u + i] = words[i]
-        sfa_buf[u] = ld_global_u16_if(sfa_base + (row * (kh // 8) + col * 2), ok)
-        seg, row = _next_segment(seg, row, segs)
-    return row, seg
-
-
-def _next_segment(seg, row, segs):
-    """(segment, row) after segment `seg` of row `row`: a warp runs on from a row's last segment into
-    the next row's first."""
-    wrap = Int32(seg + 1 == segs)
-    return seg + 1 - wrap * segs, row + wrap
-
-
-def make_tiled_kernel(cfg: TiledConfig, decode: str):
-    """The tiled kernel for one config and FP4 decode (``resolve_decode``), to launch or compile."""
-    W, N, RW = cfg.warps_per_block, cfg.chunks_per_step, cfg.rows_per_warp
-    max_chunks = cfg.max_k // 32
-    threads = 32 * W
-
-    @cute.kernel
-    def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
-        """B's batch decoded into shared memory once; then each warp walks its rows' segments of
-        32 chunks (512 bytes) in address order, loading step t + 1 before computing step t."""
-        tidx = cute.arch.thread_idx()[0]
-        lane, warp = tidx % 32, tidx // 32
-        m_rows, kh = a.shape[0], a.shape[1]
-        n_chunks = kh // 16
-        segs = (n_chunks + 31) // 32
-        row0 = cute.arch.block_idx()[0] * cfg.rows_per_block  # flat row over (L, M)
-        batch = row0 // m_rows
-        m0 = row0 - batch * m_rows + warp * RW
-        a_base = a.iterator + Int64(row0 + warp * RW) * Int64(kh)
-        sfa_base = sfa.iterator + Int64(row0 + warp * RW) * Int64(kh // 8)
-        n_steps = (RW * segs + N - 1) // N
-
-        stage = (cute.make_rmem_tensor((4 * N,), Int32), cute.make_rmem_tensor((N,), cutlass.Int16))
-        load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, Int32(0), Int32(0), segs, n_chunks, lane, cfg)
-
-        smem = smem_allocator()
-        b_addr = smem_words(smem, TILED_B_WORDS * max_chunks, 16)
-        s_addr = smem_words(smem, 2 * max_chunks, 16)
-        table = None
-        table_in_registers = cfg.lut_registers and decode == "lut" and cfg.compute
-        if cutlass.const_expr(table_in_registers):  # the table's shared memory only where it is used
-            table_addr = lut_table_smem(smem)
-        if cutlass.const_expr(cfg.compute):
-            if cutlass.const_expr(table_in_registers):
-                if tidx < 32:
-                    store_lut_table(table_addr, tidx)
-            b_row = b.iterator + Int64(batch) * Int64(B_ROWS * kh)
-            sfb_row = sfb.iterator + Int64(batch) * Int64(B_ROWS * (kh // 8))
-            factor = decode_factor(decode)
-            for i in range((n_chunks + threads - 1 - tidx) // threads):
-                col = tidx + i * threads
-                words = ld_global_v4_if(b_row + col * 16, 1, ".nc")
-                sb0, sb1 = e4m3x2_to_f32(ld_global_u16_if(sfb_row + col * 2, 1))
-                for w in cutlass.range_constexpr(4):
-                    st_shared(b_addr + (w * max_chunks + col) * 16, [Int32(x) for x in decode_b_word_as(words[w], decode)])
-                st_shared(s_addr + col * 8, [sb0 * factor, sb1 * factor])
-            cute.arch.sync_threads()
-            if cutlass.const_expr(table_in_registers):
-                table = lut_table(table_addr, lane)
-
-        acc = Float32(0.0)
-        row, seg = Int32(0), Int32(0)
-        for _ in range(n_steps):
-            a_now, sfa_now = _stage_snapshot(stage)
-            load_row, load_seg = _tile_loads(stage, a_base, sfa_base, kh, load_row, load_seg, segs, n_chunks, lane,
-                                             cfg)
-            for u in cutlass.range_constexpr(N):
-                words = a_now[4 * u:4 * u + 4]
-                if cutlass.const_expr(cfg.compute):
-                    col = cutlass.min(seg * 32 + lane, n_chunks - 1)  # past the row's end A is zero; B stays finite
-                    b_dec = []
-                    for w in cutlass.range_constexpr(4):
-                        b_dec.extend(ld_shared(b_addr + (w * max_chunks + col) * 16, Int32, 4))
-                    sb0, sb1 = ld_shared(s_addr + col * 8, Float32, 2)
-                    sa0, sa1 = e4m3x2_to_f32(sfa_now[u])
-                    d0, d1 = chunk_dots(words, b_dec, decode, table)
-                    acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
-                else:
-                    acc = acc + loads_xor([[sfa_now[u]], words])
-                if seg == segs - 1:  # the row is complete: reduce over the warp, write, reset
-                    total = cute.arch.warp_reduction_sum(acc)
-                    if lane == 0 and row < RW:
-                        c[m0 + row, 0, batch] = total.to(Float16)
-                    acc = Float32(0.0)
-                seg, row = _next_segment(seg, row, segs)
-
-    return kernel
-
-
-# --------------------------------------------------------------------------- naive kernel
+    def kernel(self, decode: str) -> tuple:
+        """(the naive kernel, threads per block, grid): a row per thread."""
+        return make_naive_kernel(decode == "hw"), NAIVE_THREADS, row_blocks(NAIVE_THREADS)
 
 
 def make_naive_kernel(hw_e2m1: bool):
     """The naive kernel, decoding FP4 with the hardware conversion or with bit operations."""
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
-        """One thread per (row, batch); 64-code K tiles; everything in fp32."""
-        m_rows = a.shape[0]
-        row = cute.arch.block_idx()[0] * cute.arch.block_dim()[0] + cute.arch.thread_idx()[0]
+        """One thread per (row, batch); 64-code K tiles (one column of 512-byte scale atoms); everything in fp32."""
+        m_rows, kh = a.shape[0], a.shape[1]
+        row = cute.arch.block_idx()[0] * cute.arch.block_dim()[0] + cute.arch.thread_idx()[0]  # flat over (L, M)
         if row < m_rows * a.shape[2]:
-            one = _RowGroup(a, b, sfa, sfb, row, 1, True)  # this thread's row, permuted scales
-            (a_row,), (sfa_row,), b_row, sfb_row = one.a_rows, one.sfa_rows, one.b_row, one.sfb_row
-            m, batch = one.m0, one.batch
+            batch = row // m_rows
+            m = row - batch * m_rows
+            a_row = a.iterator + Int64(row) * Int64(kh)
+            b_row = b.iterator + Int64(batch) * Int64(B_ROWS * kh)
+            atoms = Int64(kh // 32 * SCALE_ATOM_BYTES)  # a batch's row of atoms: 4 scale columns per 32 bytes of K
+            sfb_row = sfb.iterator + Int64(batch) * atoms
+            sfa_row = (sfa.iterator + Int64(batch * (m_rows // SCALE_TILE_ROWS) + m // SCALE_TILE_ROWS) * atoms
+                       + (m % 32) * 16 + ((m % SCALE_TILE_ROWS) // 32) * 4)
             acc = Float32(0.0)
-            for tile in range(a.shape[1] // 32):  # 64 codes = 32 bytes = 4 scale blocks per tile
+            for tile in range(kh // 32):  # 64 codes = 32 bytes = 4 scale blocks per tile
                 for blk in cutlass.range_constexpr(4):
-                    scale_at = scale_offset(2 * tile + blk // 2, True)
+                    scale_at = tile * SCALE_ATOM_BYTES + (blk // 2) * 2  # 2 of the atom's 4 columns per load
                     sa = e4m3x2_to_f32(ld_global_u16_if(sfa_row + scale_at, 1))[blk % 2]
                     sb = e4m3x2_to_f32(ld_global_u16_if(sfb_row + scale_at, 1))[blk % 2]
                     part = Float32(0.0)
@@ -452,60 +125,67 @@ def make_naive_kernel(hw_e2m1: bool):
     return kernel
 
 
-# --------------------------------------------------------------------------- compile & call
-
-
-WIDE = FastConfig(lut_registers=True)  # 4 rows x 2 chunks per lane: 1 KB of each row per warp step
-TALL = FastConfig(rows_per_warp=8, unroll=1)  # 8 rows x 1 chunk: steps of 32 chunks
-TILED = TiledConfig(lut_registers=True)  # 32 rows per block of 8 warps, B in shared memory, 2 chunks per lane
+# --------------------------------------------------------------------------- the kernel of each K
 
 
 PER_K_DEFAULTS = {16384: WholeKConfig(chunks_per_thread=2, rows_per_thread=2),  # w2x2x1
                   7168: WholeKConfig(chunks_per_thread=1, rows_per_thread=4),  # w1x4x1
                   2048: WholeKConfig(chunks_per_thread=1, rows_per_thread=4)}  # w1x4x1
-"""The per-K kernels that `default_config` picks at the benchmark K: of the per-K configs measured
+"""The per-K kernels that `default_config` runs at the benchmark K: of the per-K configs measured
 on the H200 (results/h200_per_k.csv, commit f91bda39931b), the fastest at each K, by kernel time
-and by leaderboard time, and faster there than the fast and tiled kernels."""
+and by leaderboard time, and faster there than the generic kernels."""
+
+SHORT_K = 8192
+"""Up to this K, `per_k_rule` gives each thread one chunk of 4 rows (``w1x4x1``, K/32 threads per row: the
+fastest at K = 2048 and 7168); beyond it, K/8192 chunks of 2 rows (``w2x2x1`` at K = 16384, the fastest
+there: 256 threads per row), at most `whole_k.MAX_CHUNKS_PER_THREAD` (K = 65536), then more threads, up to a
+block's 1024 (K = 262144; a larger K is refused, naming ``a``)."""
 
 
-def default_config(k: int) -> FastConfig | TiledConfig | WholeKConfig:
-    """The fast kernel's config for this K, as measured best on the H200: at the K of `PER_K_DEFAULTS`, its per-K
-    kernel. Elsewhere WIDE reads longer runs of each row, which the memory system serves better, but a step
-    covers 64 chunks of 16 bytes; where K/32 chunks do not fill whole steps (K = 7168: 224 chunks, 3.5 steps) its
-    last step computes on zeros, and the tiled kernel is faster (up to TILED.max_k; WIDE beyond)."""
-    if k in PER_K_DEFAULTS:
-        return PER_K_DEFAULTS[k]
-    return WIDE if (k // 32) % (32 * WIDE.unroll) == 0 or k > TILED.max_k else TILED
+def per_k_rule(k: int) -> WholeKConfig:
+    """The per-K config for a K without a measured one, from the measured ones (`SHORT_K` says how)."""
+    if k <= SHORT_K:
+        return WholeKConfig(chunks_per_thread=1, rows_per_thread=4)
+    return WholeKConfig(chunks_per_thread=min(MAX_CHUNKS_PER_THREAD, -(-k // SHORT_K)), rows_per_thread=2)
 
 
-def sm_count() -> int:
-    """Multiprocessors of this GPU; a B200's 148 when cross-compiling without one."""
-    return torch.cuda.get_device_properties().multi_processor_count if torch.cuda.is_available() else 148
+def default_config(k: int) -> WholeKConfig:
+    """The kernel ``cute_fast`` runs at this K: the measured per-K config of `PER_K_DEFAULTS`, else `per_k_rule`'s.
+    A K the per-K kernel cannot hold is refused by the config (`WholeKConfig.refusal`, naming ``a``)."""
+    return PER_K_DEFAULTS.get(k) or per_k_rule(k)
 
 
-def compile_gemv(variant: str = "fast", arch: str | None = None, cfg: FastConfig | TiledConfig = FastConfig(),
-                 options: str = "", tvm_ffi: bool | None = None):
-    """Compile one kernel variant for ``arch`` (e.g. "sm_100a", "sm_90a"); no GPU needed. "fast" builds the
-    kernel of the config's class (`FastConfig`, `TiledConfig`, `NaiveConfig`), "naive" the naive kernel with
-    ``cfg``'s decode. ``options``, ``tvm_ffi``: as `launch.compile_launch`'s (`launch_arguments` says what each
-    kind of call takes)."""
+def kernel_config(variant: str, cfg=None):
+    """What ``variant`` runs: "fast" ``cfg``, or without one the rule `default_config`; "naive" the naive
+    kernel with ``cfg``'s decode."""
     if variant not in ("fast", "naive"):
         raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
-    arch = compile_target(arch)
-    cfg = _kernel_config(variant, cfg)
-    decode = resolve_decode(arch, cfg.decode)
-    if isinstance(cfg, NaiveConfig):
-        kernel, threads, rows_per_block = make_naive_kernel(decode == "hw"), NAIVE_THREADS, NAIVE_THREADS  # a row each
-    else:
-        make = make_tiled_kernel if isinstance(cfg, TiledConfig) else make_fast_kernel
-        kernel, threads, rows_per_block = make(cfg, decode), 32 * cfg.warps_per_block, cfg.rows_per_block
-    # the fast kernel's warps loop over row groups; the others have a block per tile of rows
-    max_blocks = sm_count() * cfg.blocks_per_sm if isinstance(cfg, FastConfig) else 1 << 30
+    if variant == "naive":
+        return NaiveConfig(cfg.decode) if cfg is not None else NaiveConfig()
+    return cfg if cfg is not None else default_config
 
-    def grid(m, l):
-        return [cutlass.min((m * l + rows_per_block - 1) // rows_per_block, max_blocks), 1, 1]
 
-    return compile_gemv_launch(kernel, grid, threads, cfg.permuted_scales, arch, options, tvm_ffi)
+def _compiled_config(variant: str, cfg, k: int | None):
+    config = kernel_config(variant, cfg)
+    if config is default_config:
+        if k is None:
+            raise ValueError("k: the default config compiles one kernel per K; pass the K to compile for")
+        return default_config(k)
+    return config
+
+
+def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg=None, k: int | None = None) -> str:
+    """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed); ``k``: the K of a per-K
+    config (the default's included)."""
+    return compile_artifact(_compiled_config(variant, cfg, k), arch, k, "ptx")
+
+
+def compile_cubin(variant: str = "fast", arch: str = "sm_100a", cfg=None, k: int | None = None) -> bytes:
+    """The machine code (cubin) of one variant for ``arch``, compiled on any machine; ``k`` as `compile_ptx`'s."""
+    return compile_artifact(_compiled_config(variant, cfg, k), arch, k, "cubin")
+
+
+# --------------------------------------------------------------------------- calling a kernel
 
 
 def check_launch_bounds(shape) -> None:
@@ -529,6 +209,16 @@ def launch_arguments(pointers, kh: int, m: int, l: int, tvm_ffi: bool) -> tuple:
     return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
 
 
+def kernel_arguments(data, permuted_scales: bool, tvm_ffi: bool) -> tuple:
+    """`launch_arguments` of a 7-tuple: the addresses of a, b, the scales a kernel reads and c; K/2, M, L."""
+    a, b, sfa, sfb, sfa_permuted, sfb_permuted, c = data
+    if permuted_scales:
+        sfa, sfb = sfa_permuted, sfb_permuted
+    m, kh, l = a.shape
+    return launch_arguments((a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr()), kh, m, l,
+                            tvm_ffi)
+
+
 @functools.cache
 def cu_stream():
     """The driver's CUstream type: the CUDA stream as the DSL's plain call path takes it, ``cu_stream()(handle)``
@@ -538,99 +228,111 @@ def cu_stream():
     return CUstream
 
 
-def _kernel_config(variant: str, cfg):
-    """The config of what ``variant`` compiles of ``cfg`` ("naive": the naive kernel with cfg's decode)."""
-    return NaiveConfig(cfg.decode) if variant == "naive" else cfg
-
-
-def compile_ptx(variant: str = "fast", arch: str = "sm_100a", cfg: FastConfig | TiledConfig | WholeKConfig = FastConfig(),
-                k: int | None = None) -> str:
-    """The PTX of one variant for ``arch``, compiled on any machine (no GPU needed); ``k``: the K of a per-K config."""
-    return compile_artifact(_kernel_config(variant, cfg), arch, k, "ptx")
-
-
-def compile_cubin(variant: str = "fast", arch: str = "sm_100a",
-                  cfg: FastConfig | TiledConfig | WholeKConfig = FastConfig(), k: int | None = None) -> bytes:
-    """The machine code (cubin) of one variant for ``arch``, compiled on any machine; ``k`` as `compile_ptx`'s."""
-    return compile_artifact(_kernel_config(variant, cfg), arch, k, "cubin")
-
-
-class CuteGemv:
-    """A compiled kernel bound to this GPU, called with the leaderboard tuple; ``cfg=None`` (the fast variant's
-    default) picks ``default_config(K)`` per input. The per-call host path is a dict lookup and one call of the
-    compiled kernel: inputs are validated once per input tuple, and their launch arguments and kernel remembered
-    with it (``TupleCache``)."""
-
-    def __init__(self, variant: str = "fast", cfg: FastConfig | TiledConfig | WholeKConfig | None = None,
-                 cache_entries: int = 4):
-        if variant not in ("fast", "naive"):
-            raise ValueError(f"variant: expected 'fast' or 'naive', got {variant!r}")
-        caps = capabilities()
-        self.variant, self.cfg, self.arch = variant, cfg, caps.cute_arch
-        self.tvm_ffi = has_tvm_ffi()
-        # what every call runs (None: default_config(K) per input); "naive": the naive kernel with cfg's decode
-        self._fixed = _kernel_config(variant, cfg or NaiveConfig()) if variant == "naive" else cfg
-        if caps.cuda and not self.tvm_ffi:
-            print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
-                  "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
-        # Compiled now, not inside a timed or captured call: the config's kernel, or every kernel the default picks
-        # (a per-K config given here compiles on the first input of each K). Without a GPU nothing is compiled; a
-        # call then fails validation, naming the argument.
-        startup = [(self._fixed, None)] if self._fixed else \
-            [(WIDE, None), (TILED, None), *((c, k) for k, c in PER_K_DEFAULTS.items())]
-        for config, k in startup if caps.cuda else ():
-            config.compiled(self.arch, k, self.tvm_ffi)
-        self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream type
-        self._prepared = TupleCache(cache_entries)
-        # per K, what no input changes: the op's tuples, made for one call, are prepared on every call
-        self._by_k: dict[int, tuple] = {}
-
-    def config_for(self, k: int) -> FastConfig | TiledConfig | WholeKConfig | NaiveConfig:
-        """The config a call with this K runs."""
-        return self._fixed or default_config(k)
-
-    def prepare(self, data):
-        """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
-        nothing: the call is ``kernel(*args, stream)``. The input is validated, and a per-K kernel compiled at a
-        new K, once per tuple (``TupleCache``); call it first to keep both out of what is timed or profiled."""
-        return self._prepared.get(data, self._arguments)
-
-    def _arguments(self, data):
-        shape = shape_of(data) if is_validated_once() else validate_gemv_input(data, device="cuda")
-        check_launch_bounds(shape)
-        known = self._by_k.get(shape.k)  # (config, kernel) of a K that ran before: decided and compiled once
-        cfg = known[0] if known else self.config_for(shape.k)
-        refused = None if known else cfg.refusal(shape.k)
-        if refused is not None:
-            raise NVFP4InputError(refused)
-        a, b, sfa, sfb, sfa_p, sfb_p, c = data
-        if c.device.index != torch.cuda.current_device():
-            raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
-                                  f"got {c.device} (call under torch.cuda.device({c.device.index}))")
-        if cfg.permuted_scales:
-            sfa, sfb = sfa_p, sfb_p
-        pointers = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr())
-        args = launch_arguments(pointers, shape.k // 2, shape.m, shape.l, self.tvm_ffi)
-        if not known:
-            known = self._by_k[shape.k] = (cfg, cfg.compiled(self.arch, shape.k, self.tvm_ffi))
-        return known[1], args, c.device.index, c
-
-    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
-        fn, args, device, c = self.prepare(data)  # c is data's own: the cache keys on every tensor
-        handle = current_stream_handle(device) if stream is None else stream.cuda_stream
-        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
-        return c
-
-
 def current_stream_handle(device: int) -> int:
     """The raw handle of this device's current stream (a C call; no Stream object is built)."""
     return torch._C._cuda_getCurrentRawStream(device)
 
 
+class CuteLaunch:
+    """A kernel config, or a rule that picks one per K (`default_config`), bound to this GPU and called with the
+    leaderboard tuple, nothing checked: the kernel of each K is chosen and compiled at its first input (with a
+    GPU, those of ``compile_at`` and a config's one kernel for every K now, not inside a timed call), then called
+    on the tensors' addresses and the current stream (TVM-FFI where apache-tvm-ffi is installed, else the DSL's
+    plain call path). The standalone file's kernel; `CuteRunner` is the same call with every input validated."""
+
+    def __init__(self, config, compile_at=()):
+        caps = capabilities()
+        self.arch, self.tvm_ffi = caps.cute_arch, has_tvm_ffi()
+        self._rule = config if callable(config) else lambda k: config
+        self._by_k: dict[int, tuple] = {}  # K -> (config, compiled kernel)
+        self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream
+        if caps.cuda and not callable(config):
+            config.compiled(self.arch, None, self.tvm_ffi)
+        for k in compile_at if caps.cuda else ():
+            self.kernel_for(k)
+
+    def config_for(self, k: int):
+        """The config a call with this K runs."""
+        return self._rule(k)
+
+    def refusal(self, k: int) -> str | None:
+        """Why this K cannot run here (the config's refusal, naming the argument), or None."""
+        return self.config_for(k).refusal(k)
+
+    def kernel_for(self, k: int) -> tuple:
+        """(config, compiled kernel) of this K, decided and compiled once; a K the config cannot run is an
+        NVFP4InputError naming the argument."""
+        known = self._by_k.get(k)
+        if known is None:
+            refused = self.refusal(k)
+            if refused is not None:
+                raise NVFP4InputError(refused)
+            cfg = self.config_for(k)
+            known = self._by_k[k] = (cfg, cfg.compiled(self.arch, k, self.tvm_ffi))
+        return known
+
+    def launch(self, fn, args, device: int, stream: torch.cuda.Stream | None) -> None:
+        """``fn(*args, stream)`` on ``stream`` or the device's current one, as this call path takes a stream."""
+        handle = current_stream_handle(device) if stream is None else stream.cuda_stream
+        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
+
+    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+        a, c = data[0], data[6]
+        cfg, fn = self.kernel_for(2 * a.shape[1])
+        self.launch(fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, stream)
+        return c
+
+
+class CuteRunner(CuteLaunch):
+    """`CuteLaunch` for the package's paths: an input tuple is validated once (the kernels read raw pointers)
+    and its kernel and arguments are remembered with it in a `TupleCache`. Per call the host builds the cache's
+    key (7 attribute reads of each tensor: id, address, shape, strides, dtype, device, requires_grad; and
+    whether inference mode is on), looks it up in a dict and calls the compiled kernel once: a few microseconds
+    of host time, no device work."""
+
+    def __init__(self, config, compile_at=(), cache_entries: int = 4):
+        super().__init__(config, compile_at)
+        if capabilities().cuda and not self.tvm_ffi:
+            print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
+                  "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
+        self._prepared = TupleCache(cache_entries)
+
+    def prepare(self, data):
+        """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
+        nothing. The input is validated, and the kernel of a new K compiled, once per tuple (``TupleCache``);
+        call it first to keep both out of what is timed or profiled."""
+        return self._prepared.get(data, self._arguments)
+
+    def _arguments(self, data):
+        shape = shape_of(data) if is_validated_once() else validate_gemv_input(data, device="cuda")
+        check_launch_bounds(shape)
+        cfg, fn = self.kernel_for(shape.k)
+        c = data[6]
+        if c.device.index != torch.cuda.current_device():
+            raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
+                                  f"got {c.device} (call under torch.cuda.device({c.device.index}))")
+        return fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, c
+
+    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+        fn, args, device, c = self.prepare(data)  # c is data's own: the cache keys on every tensor
+        self.launch(fn, args, device, stream)
+        return c
+
+
+class CuteGemv(CuteRunner):
+    """`CuteRunner` by variant (`kernel_config`): "fast" runs ``cfg``, or without one ``default_config(K)`` with
+    the kernels of `PER_K_DEFAULTS` compiled now; "naive" the naive kernel."""
+
+    def __init__(self, variant: str = "fast", cfg=None, cache_entries: int = 4):
+        self.variant, self.cfg = variant, cfg
+        config = kernel_config(variant, cfg)
+        super().__init__(config, tuple(PER_K_DEFAULTS) if config is default_config else (), cache_entries)
+
+
 _runners: dict[tuple, CuteGemv] = {}
 
 
-def gemv_cute(data, variant: str = "fast", cfg: FastConfig | TiledConfig | None = None, stream=None) -> torch.Tensor:
+def gemv_cute(data, variant: str = "fast", cfg=None, stream=None) -> torch.Tensor:
     """c = A @ B per batch with a CuTe DSL kernel (on ``stream`` or the current one); returns c. Kernels are
     compiled once per (variant, config) and kept; ``cfg=None`` picks ``default_config`` for the input's K."""
     runner = _runners.get((variant, cfg))
