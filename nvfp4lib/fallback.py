@@ -1,8 +1,9 @@
 """Which path runs: the one fallback chooser of the dispatcher and of the exported files, and its self-check.
 
 `first_working(candidates, build, device)` takes paths in order and returns the first that can run here,
-builds, and computes small full-range inputs (`self_check_input`) right: within the leaderboard's tolerance of
-the exact reference, every element written. The dispatcher calls it when it plans a shape, an exported file
+builds, and computes small full-range inputs (`self_check_input`) right: every element within the
+leaderboard's tolerance of a dequantize-and-matmul of the same codes and scales (`dequantized_gemv`, exact for
+these inputs). The dispatcher calls it when it plans a shape, an exported file
 (`nvfp4lib.leaderboard.runtime`) once at import, each with its first path followed by the rest of
 `paths.FALLBACK_ORDER`: on one machine they run the same kernel.
 
@@ -20,61 +21,86 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from nvfp4lib.contract import GemvInput
+from nvfp4lib.contract import B_ROWS, BLOCK_SIZE, GemvInput
 from nvfp4lib.device import capabilities
+from nvfp4lib.formats import E2M1_VALUES
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.messages import describe_error
-from nvfp4lib.problem import generate_input
-from nvfp4lib.reference import check, poison_
+from nvfp4lib.reference import TOLERANCE
 
 LOGGER = logging.getLogger(__name__)
 
 SELF_CHECK_SHAPES = ((128, 256, 2), (128, 2048, 1), (128, 7168, 1), (128, 16384, 1))
-"""What every candidate path runs before it is chosen: K = 256 (with L = 2, a second batch) and every K
-at which the default CuTe kernel is specialised per K (`cute.gemv.default_config`: the benchmarks'
-K = 2048, 7168 and 16384), so each kernel a benchmark shape runs has passed the check first."""
+"""What every candidate path runs before it is chosen: K = 256 (with L = 2, a second batch) and the K at
+which `cute.gemv.PER_K_DEFAULTS` holds a measured per-K kernel (the benchmarks' K = 2048, 7168 and
+16384), so each kernel a benchmark shape runs has passed the check first."""
 SELF_CHECK_SEED = 20250
 
 
-def self_check_input(m: int, k: int, l: int, device, signed_scales: bool = False) -> GemvInput:
-    """A small full-range input (M >= 128): every FP4 code in both nibbles of A and of the vector, and the E4M3
-    scales `generate_input` draws in full mode (zeros, subnormals, up to 448). The scales' sign bits are cleared
-    unless ``signed_scales``: cuBLAS reads NVFP4 block scales as unsigned UE4M3 (the sign bit is ignored) and the
-    leaderboard's scales are never negative, so every path is held to the inputs it can be given."""
-    a, b, sfa, sfb, _, _, c = generate_input(m, k, l, seed=SELF_CHECK_SEED, mode="full", device=device)
-    every_byte = torch.arange(256, dtype=torch.uint8, device=device)
-    a.view(torch.uint8)[:128, :2, 0] = every_byte.view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
-    codes = torch.arange(16, dtype=torch.uint8, device=device)
-    b.view(torch.uint8)[0, :16, :] = (codes | (codes.flip(0) << 4)).unsqueeze(-1)  # the vector, every batch
-    if not signed_scales:
-        for sf in (sfa, sfb):
-            sf.view(torch.uint8).bitwise_and_(0x7F)
-    return GemvInput(a, b, sfa, sfb, to_permuted(sfa), to_permuted(sfb), c)
+def self_check_input(m: int, k: int, l: int, device) -> GemvInput:
+    """A small full-range input (M >= 128): every byte in A (every FP4 code in both nibbles), every code in both
+    nibbles of the vector (B's padding rows hold other bytes, which no path may read), and E4M3 scales from zero
+    through the subnormals to 448. In each pair of K blocks one operand's scale is any of the 127 codes with the
+    sign bit clear (all of them in A's first block), the other's zero or one of the 7 subnormals: a block's
+    product of scales is at most 448 * 7 * 2^-9, so c stays far inside fp16. cuBLAS reads the scales as unsigned
+    UE4M3 and the leaderboard's are never negative, so no sign bit is set."""
+    gen = torch.Generator().manual_seed(SELF_CHECK_SEED)
+    a = torch.randint(0, 256, (l, m, k // 2), generator=gen, dtype=torch.uint8)
+    b = torch.randint(0, 256, (l, B_ROWS, k // 2), generator=gen, dtype=torch.uint8)
+    a[0, :128, :2] = torch.arange(256, dtype=torch.uint8).view(2, 128).T  # bytes 0-127 and 128-255 of rows 0-127
+    codes = torch.arange(16, dtype=torch.uint8)
+    b[:, 0, :16] = codes | (codes.flip(0) << 4)  # the vector, every batch
+    blocks = k // BLOCK_SIZE
+    wide = torch.randint(0, 127, (l, m + B_ROWS, blocks), generator=gen, dtype=torch.uint8)
+    wide[0, :127, 0] = torch.arange(127, dtype=torch.uint8)
+    narrow, a_wide = wide % 8, torch.arange(blocks) % 2 == 0
+    sfa = torch.where(a_wide, wide[:, :m], narrow[:, :m])
+    sfb = torch.where(a_wide, narrow[:, m:], wide[:, m:])
+    plain = [x.to(device).view(dtype).permute(1, 2, 0) for x, dtype in (
+        (a, torch.float4_e2m1fn_x2), (b, torch.float4_e2m1fn_x2), (sfa, torch.float8_e4m3fn),
+        (sfb, torch.float8_e4m3fn), (torch.zeros(l, m, 1, dtype=torch.float16), torch.float16))]
+    return GemvInput(*plain[:4], to_permuted(plain[2]), to_permuted(plain[3]), plain[4])
+
+
+def dequantized_gemv(data) -> torch.Tensor:
+    """float64 [M, 1, L]: A and the vector B[0] decoded from their codes and plain scales, then multiplied. Exact
+    for `self_check_input`'s inputs: every term is a multiple of 2^-20 and every partial sum stays far below 2^53
+    of those units, so float64 rounds nothing, whatever the order of the sum."""
+    a, b, sfa, sfb = data[:4]
+    table = torch.tensor(E2M1_VALUES, dtype=torch.float64, device=a.device)
+
+    def values(codes, scales):  # [rows, K/2, L] FP4 bytes, [rows, K/16, L] scales -> float64 [rows, K, L]
+        byte = codes.view(torch.uint8).long()
+        nibbles = torch.stack([byte & 15, byte >> 4], dim=2).flatten(1, 2)  # the even element in the low nibble
+        return table[nibbles] * scales.double().repeat_interleave(BLOCK_SIZE, dim=1)
+
+    return torch.einsum("mkl,kl->ml", values(a, sfa), values(b[:1], sfb[:1])[0]).unsqueeze(1)
 
 
 @functools.lru_cache(maxsize=2 * len(SELF_CHECK_SHAPES))  # the shapes on the CPU and on one GPU
-def _self_check_input_on(m: int, k: int, l: int, device: torch.device) -> GemvInput:
-    """`self_check_input`, made once per shape and device for every path checked there."""
-    return self_check_input(m, k, l, device)
+def _self_check_input_on(m: int, k: int, l: int, device: torch.device) -> tuple[GemvInput, torch.Tensor]:
+    """`self_check_input` and its fp16 answer (`dequantized_gemv` rounded as the leaderboard's reference is),
+    made once per shape and device for every path checked there."""
+    data = self_check_input(m, k, l, device)
+    return data, dequantized_gemv(data).half().double()
 
 
 def self_check(kernel: Callable, device) -> str | None:
-    """Run `kernel` on the `SELF_CHECK_SHAPES` inputs (output poisoned first) and compare it with the
-    exact reference (`reference.check`: an integer dequantize-and-sum, the leaderboard's tolerance).
-    None when every element matches; else what went wrong. Exceptions propagate. The inputs are made
-    once per shape and device (c poisoned again for each check)."""
+    """Run `kernel` on the `SELF_CHECK_SHAPES` inputs (output poisoned first) and compare every element with the
+    dequantized product within the leaderboard's rtol = atol = `reference.TOLERANCE` (NaN, an unwritten element,
+    never matches). None when every element matches; else what went wrong. Exceptions propagate."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     for shape in SELF_CHECK_SHAPES:
-        data = _self_check_input_on(*shape, device)
-        poison_(data.c)
-        out = kernel(data)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        result = check(out, data)
-        if not result.ok:
-            return f"wrong result at (m, k, l) = {shape}: {result.message.splitlines()[0]}"
+        data, expected = _self_check_input_on(*shape, device)
+        data.c.fill_(float("nan"))
+        got = kernel(data).double()
+        bad = ~torch.isclose(got, expected, rtol=TOLERANCE, atol=TOLERANCE)
+        if bad.any():
+            m, _, l = bad.nonzero()[0].tolist()
+            return (f"wrong result at (m, k, l) = {shape}: {int(bad.sum())} of {bad.numel()} elements; first at "
+                    f"(m={m}, l={l}): got {got[m, 0, l].item():.6g}, expected {expected[m, 0, l].item():.6g}")
     return None
 
 
@@ -107,11 +133,14 @@ def _where(device) -> str:
 
 
 def first_working(candidates, build: Callable[[str], Callable], device, *,
-                  unavailable: Callable[[str], str | None] | None = None, checked: dict | None = None) -> Choice:
+                  unavailable: Callable[[str], str | None] | None = None, checked: dict | None = None,
+                  k: int | None = None) -> Choice:
     """The first of `candidates` (path names, best first) that can run here (``unavailable(name)`` is None), builds
     (``build(name)``) and passes `self_check` on `device`. ``checked`` (name -> None or why it failed) remembers the
     verdicts between calls: a path found failing is passed over again without being built, one found working is not
-    checked again. Logs what it passed over and what it chose (see the module's docstring)."""
+    checked again. With ``k`` (the choice is for that K), a path whose kernel refuses it (``kernel.refusal(k)``, the
+    CuTe kernels' at a K they cannot hold) cannot run here. Logs what it passed over and what it chose (see the
+    module's docstring)."""
     passed: list[PassedOver] = []
     recalled: set[str] = set()  # failures found by an earlier call: logged then
     chosen, kernel = None, None
@@ -137,6 +166,9 @@ def first_working(candidates, build: Callable[[str], Callable], device, *,
             verdict = None if problem is None else PassedOver(name, "self-check", problem)
         if checked is not None:
             checked[name] = verdict
+        refused = kernel.refusal(k) if verdict is None and k is not None and hasattr(kernel, "refusal") else None
+        if refused is not None:  # a path of this machine, not of this K (not remembered in `checked`)
+            verdict = PassedOver(name, "cannot run", refused)
         if verdict is None:
             chosen = name
             break

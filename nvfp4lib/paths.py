@@ -60,14 +60,28 @@ def fp4_gemm_emulated(caps: Capabilities) -> str | None:
 # How paths are built
 
 
-def _cute(variant: str) -> Callable:
-    from nvfp4lib.cute.gemv import CuteGemv  # compiles on first use; the DSL may be absent
+def _cute_fast() -> Callable:
+    """The per-K kernels of `cute.gemv.default_config`, those of the benchmark K compiled now."""
+    from nvfp4lib.cute.gemv import PER_K_DEFAULTS, CuteRunner, default_config  # the DSL may be absent
 
-    return CuteGemv(variant)
+    return CuteRunner(default_config, tuple(PER_K_DEFAULTS))
+
+
+def _cute_fast_unchecked() -> Callable:
+    """`_cute_fast`'s kernels called with nothing checked (`cute.gemv.CuteLaunch`): a standalone file's."""
+    from nvfp4lib.cute.gemv import PER_K_DEFAULTS, CuteLaunch, default_config
+
+    return CuteLaunch(default_config, tuple(PER_K_DEFAULTS))
+
+
+def _cute_naive() -> Callable:
+    from nvfp4lib.cute.gemv import CuteRunner, NaiveConfig
+
+    return CuteRunner(NaiveConfig())
 
 
 def _scaled_mm_permuted() -> Callable:
-    """A named builder (not a lambda): the exported files inline it, as they inline `_cute`."""
+    """A named builder (not a lambda): the exported files inline it, as they inline `_cute_fast`."""
     return gemv_scaled_mm_permuted
 
 
@@ -100,6 +114,7 @@ class GemvPath:
     describe: Callable | None = None  # data -> a note for the benchmark's CSV (e.g. a fallback taken)
     timed_call: Callable | None = None  # data -> the zero-argument call a benchmark times, after untimed
     # preparation a user would do once (None: the built callable on data, prepared by nothing; peers use it)
+    unchecked: Callable[[], Callable] | None = None  # its kernel alone, no input validation (export --standalone)
 
     def why_not_timed(self, caps: Capabilities, on_cuda: bool) -> str | None:
         """Why a benchmark leaves this path out here: it cannot run, or it would time an emulation."""
@@ -107,12 +122,13 @@ class GemvPath:
 
 
 PATHS: dict[str, GemvPath] = {p.name: p for p in (
-    GemvPath("cute_fast", "CuTe fast", "CuTe DSL fast kernel: warps stream rows with 128-bit loads, "
-             "all L batches in one launch", functools.partial(_cute, "fast"), cute_unavailable, exportable=True),
+    GemvPath("cute_fast", "CuTe fast", "CuTe DSL per-K kernel: one kernel compiled per K, a few rows per block "
+             "with the whole of their K, every load in flight before the first block sum; all L batches in one "
+             "launch", _cute_fast, cute_unavailable, exportable=True, unchecked=_cute_fast_unchecked),
     GemvPath("cute_naive", "CuTe naive", "CuTe DSL naive kernel: one thread per row",
-             functools.partial(_cute, "naive"), cute_unavailable, exportable=True),
+             _cute_naive, cute_unavailable, exportable=True),
     GemvPath("cute_fast_graph", "CuTe fast, graph", "the CuTe fast kernel replayed from a CUDA graph "
-             "(captured per set of tensors)", lambda: GraphedGemv(_cute("fast")), cute_unavailable),
+             "(captured per set of tensors)", lambda: GraphedGemv(_cute_fast()), cute_unavailable),
     GemvPath("scaled_mm_reference", "_scaled_mm reference", "torch._scaled_mm per batch, as the leaderboard's "
              "reference: plain scales converted every call", lambda: gemv_scaled_mm_reference,
              exportable=True, emulated=fp4_gemm_emulated),
