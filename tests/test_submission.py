@@ -26,6 +26,7 @@ import nvfp4lib
 from nvfp4lib import device, dispatch, fallback, paths, scaled_mm
 from nvfp4lib.cute import gemv as cute_gemv
 from nvfp4lib.cute import launch as cute_launch
+from nvfp4lib.cute import whole_k as cute_whole_k
 from nvfp4lib.leaderboard import runtime
 from nvfp4lib.contract import validate_gemv_input
 from nvfp4lib.leaderboard.evaluate import evaluate, import_isolated
@@ -33,19 +34,29 @@ from nvfp4lib.formats import unpack_fp4
 from nvfp4lib.layouts import to_permuted
 from nvfp4lib.problem import BENCHMARK_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
-from nvfp4lib.leaderboard.export import (EXPORTS, GENERATED, TASK_IMPORT, ExportError, export_path, export_source,
-                                         inline_objects, main, sections, write_submission)
+from nvfp4lib.leaderboard.export import (EXPORTS, GENERATED, MAX_STREAMS, PACKAGE_FOLDER, STANDALONE, TASK_IMPORT,
+                                         ExportError, export_path, export_source, inline_objects, main, sections,
+                                         write_submission)
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, TASK_SOURCE, load_submission
 
 REPO = Path(__file__).resolve().parents[1]
 CHECKED_PATHS = [name for name in EXPORTS if export_path(name).candidates]  # self-checked, with a fallback
 CUDA_PATHS = [name for name in EXPORTS if export_path(name).needs_cuda]
-# Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the cute_fast
-# file the kernels it cross-compiles (tracing a kernel runs every helper it calls, so a helper
-# missing from the file fails there). The probe file reports whether nvfp4lib can be imported.
-CROSS_COMPILE = (("fast", "sm_100a"), ("fast", "sm_90a"), ("naive", "sm_90a"))
-PROBE = (f"(submission.BACKEND, [type(submission.compile_gemv(*job)).__name__ for job in {CROSS_COMPILE!r}] "
-         f"if submission.SUBMISSION_PATH == 'cute_fast' and submission.cute is not None else None)")
+# Evaluated for every file in one interpreter without nvfp4lib: its BACKEND, and for the CuTe files
+# the kernels each cross-compiles (tracing a kernel runs every helper it calls, so a helper missing
+# from the file fails there). The probe file reports whether nvfp4lib can be imported.
+CROSS_COMPILE = {
+    "cute_fast": "[type(submission.default_config(k).compile(arch, k)).__name__ for arch, k in "
+                 "(('sm_100a', 2048), ('sm_90a', 7168), ('sm_90a', 4608))]",
+    "cute_naive": "[type(submission.NaiveConfig().compile(arch)).__name__ for arch in ('sm_100a', 'sm_90a')]",
+}
+PROBE = ("(getattr(submission, 'BACKEND', None), "
+         + "".join(f"{code} if submission.SUBMISSION_PATH == {name!r} and submission.cute is not None else "
+                   for name, code in CROSS_COMPILE.items()) + "None)")
+LINE_BUDGETS = {"hybrid": 1800, "cute_fast": 1800, "cute_naive": 1400, "standalone": 1000}
+"""The most lines each file may have (the standalone file: `--standalone` of cute_fast). What the files
+carry of the CuTe modules they inline is most of it (about 780 lines: the per-K kernel, its decodes and
+PTX ops, the launch and the device probe); these bounds keep the rest from growing back."""
 PROBE_FILE = """
 SUBMISSION_PATH = "probe"
 try:
@@ -59,7 +70,8 @@ except ModuleNotFoundError as err:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("submissions")
-    return {name: write_submission(name, folder / f"{name}.py") for name in EXPORTS}
+    files = {name: write_submission(name, folder / f"{name}.py") for name in EXPORTS}
+    return files | {"standalone": write_submission("cute_fast", folder / "standalone.py", standalone=True)}
 
 
 @pytest.fixture(scope="module")
@@ -109,14 +121,16 @@ def test_streams_apply_to_the_transposed_path_only():
         export_source("cute_fast", streams=2)
 
 
-@pytest.mark.parametrize("streams", [-1, True, 2.5])
-def test_streams_must_be_a_count(streams, tmp_path, capsys):
-    with pytest.raises(ExportError, match=r"--streams: expected an integer >= 0 \(0 = the caller's stream\)"):
+@pytest.mark.parametrize("streams", [-1, True, 2.5, MAX_STREAMS + 1, 10**6])
+def test_streams_must_be_a_count_within_the_bound(streams, tmp_path, capsys):
+    with pytest.raises(ExportError, match=rf"--streams: expected an integer from 0 to {MAX_STREAMS} \(0 = the "
+                                          rf"caller's stream\), got {streams!r}"):
         export_source("scaled_mm_transposed", streams=streams)
-    if streams == -1:
-        assert main(["--path", "scaled_mm_transposed", "--streams", "-1", "--out", str(tmp_path / "s.py")]) == 2
-        assert "--streams: expected an integer >= 0" in capsys.readouterr().err
+    if isinstance(streams, int) and not isinstance(streams, bool):
+        assert main(["--path", "scaled_mm_transposed", "--streams", str(streams), "--out", str(tmp_path / "s.py")]) == 2
+        assert f"--streams: expected an integer from 0 to {MAX_STREAMS}" in capsys.readouterr().err
         assert not (tmp_path / "s.py").exists()
+    assert f"streams={MAX_STREAMS})" in export_source("scaled_mm_transposed", streams=MAX_STREAMS)
 
 
 def test_existing_file_is_kept_without_force(tmp_path, capsys):
@@ -127,6 +141,45 @@ def test_existing_file_is_kept_without_force(tmp_path, capsys):
     assert out.read_text() == "# mine\n"
     assert main(["--path", "scaled_mm_permuted", "--out", str(out), "--force"]) == 0
     assert out.read_text().startswith(DIRECTIVE)
+
+
+def test_a_failed_overwrite_keeps_the_old_file_whole(tmp_path, monkeypatch, capsys):
+    """The new text goes to a scratch file beside --out, renamed over it when complete: a write that fails
+    half-way (a full disk, say) leaves the old file as it was and no scratch file behind."""
+    out = tmp_path / "submission.py"
+    out.write_text("# the old file\n")
+    real_open = open
+
+    def failing_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        if "x" in mode:
+            handle.write("# half of the new one")
+            handle.flush()
+            raise OSError(28, "No space left on device")
+        return handle
+
+    monkeypatch.setattr("builtins.open", failing_open)
+    assert main(["--path", "scaled_mm_permuted", "--out", str(out), "--force"]) == 2
+    monkeypatch.undo()
+    assert f"--out: cannot write {out}: No space left on device" in capsys.readouterr().err
+    assert out.read_text() == "# the old file\n" and [p.name for p in tmp_path.iterdir()] == ["submission.py"]
+    assert main(["--path", "scaled_mm_permuted", "--out", str(out), "--force"]) == 0
+    assert out.read_text().startswith(DIRECTIVE) and [p.name for p in tmp_path.iterdir()] == ["submission.py"]
+
+
+def test_out_may_not_be_a_file_of_the_package(tmp_path, capsys):
+    """The package's folder holds the source the exporter reads: --out there is refused, --force or not, a
+    link into it too; the file is untouched."""
+    own = PACKAGE_FOLDER / "paths.py"
+    before = own.read_text()
+    link = tmp_path / "link.py"
+    link.symlink_to(own)
+    for out in (own, PACKAGE_FOLDER / "cute" / "new_submission.py", link):
+        for force in ([], ["--force"]):
+            assert main(["--path", "scaled_mm_permuted", "--out", str(out), *force]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"error: --out: {out} is inside the nvfp4lib package"), err
+    assert own.read_text() == before and not (PACKAGE_FOLDER / "cute" / "new_submission.py").exists()
 
 
 def test_bad_out_is_a_clear_error(tmp_path, capsys):
@@ -145,12 +198,13 @@ def test_bad_out_is_a_clear_error(tmp_path, capsys):
 # What a file contains
 
 
-@pytest.mark.parametrize("name", EXPORTS)
+@pytest.mark.parametrize("name", EXPORTS + ("standalone",))
 def test_file_is_a_self_contained_leaderboard_entry(exported, name):
     source = exported[name].read_text()
     lines = source.splitlines()
     assert lines[0] == DIRECTIVE
-    assert f"path {name!r}" in lines[1] and f"Generated by nvfp4lib {nvfp4lib.__version__}" in source
+    path = "cute_fast" if name == "standalone" else name
+    assert f"path {path!r}" in lines[1] and f"Generated by nvfp4lib {nvfp4lib.__version__}" in source
     assert TASK_IMPORT in lines
     tree = ast.parse(source)
     for node in ast.walk(tree):
@@ -190,15 +244,65 @@ def test_function_local_package_imports_are_inlined(exported, probe_modules):
     assert "class Shape(NamedTuple)" in source and "def permuted_strides" in source
 
 
+def _defined(text: str) -> set[str]:
+    return {s.name for s in ast.parse(text).body if isinstance(s, (ast.FunctionDef, ast.ClassDef))}
+
+
 def test_file_holds_only_what_its_path_needs(exported):
     reference = exported["scaled_mm_reference"].read_text()
     assert "def gemv_scaled_mm_transposed" not in reference and "cutlass.cute" not in reference
     assert "def generate_input" not in reference and "def choose_kernel" not in reference
     for name in CHECKED_PATHS:  # the kernel, its fallback and the self-check, nothing else
-        text = exported[name].read_text()
-        assert "class CuteGemv" in text and "def gemv_scaled_mm_permuted" in text, name
-        assert "def choose_kernel" in text and "def first_working" in text and "def reference_gemv" in text, name
-        assert "def gemv_scaled_mm_transposed" not in text and "def calibrate" not in text, name
+        defined = _defined(exported[name].read_text())
+        assert {"CuteRunner", "gemv_scaled_mm_permuted", "choose_kernel", "first_working", "self_check",
+                "dequantized_gemv", "self_check_input"} <= defined, name
+        # the self-check's own dequantize-and-matmul, not the package's generator and integer reference
+        assert not defined & {"generate_input", "reference_gemv", "check", "CuteGemv", "gemv_scaled_mm_transposed",
+                              "calibrate"}, name
+
+
+# what each CuTe file runs, and what it must not carry: the kernels and configs of the other paths
+RUNS = {"cute_fast": {"WholeKConfig", "WholeKPlan", "plan_for", "make_whole_k_kernel", "default_config"},
+        "cute_naive": {"NaiveConfig", "make_naive_kernel"}}
+NEVER = {"FastConfig", "TiledConfig", "make_fast_kernel", "make_tiled_kernel", "generic_config", "kernel_config"}
+
+
+@pytest.mark.parametrize("name, runs", [("cute_fast", "cute_fast"), ("hybrid", "cute_fast"),
+                                        ("standalone", "cute_fast"), ("cute_naive", "cute_naive")])
+def test_no_file_carries_a_kernel_its_path_never_runs(exported, name, runs):
+    defined = _defined(exported[name].read_text())
+    other = "cute_naive" if runs == "cute_fast" else "cute_fast"
+    assert RUNS[runs] <= defined and not defined & (RUNS[other] | NEVER), defined & (RUNS[other] | NEVER)
+
+
+@pytest.mark.parametrize("name", sorted(LINE_BUDGETS))
+def test_files_keep_to_their_line_budgets(exported, name):
+    lines = len(exported[name].read_text().splitlines())
+    assert lines <= LINE_BUDGETS[name], f"{name}: {lines} lines, more than {LINE_BUDGETS[name]}"
+
+
+def test_standalone_file_is_the_kernel_alone(exported, isolated):
+    """No validation, self-check or fallback: the per-K kernels, their launch and custom_kernel; it declares
+    NEEDS_CUDA (the local leaderboard skips it without a GPU) and imports where nvfp4lib does not exist."""
+    text = exported["standalone"].read_text()
+    defined = _defined(text)
+    assert {"CuteLaunch", "custom_kernel", "make_whole_k_kernel", "_cute_fast_unchecked"} <= defined
+    assert not defined & {"validate_gemv_input", "TupleCache", "first_working", "self_check", "choose_kernel",
+                          "gemv_scaled_mm_permuted", "CuteRunner"}
+    assert "\nNEEDS_CUDA = True" in text and TASK_IMPORT in text.splitlines()
+    assert "with `python -m nvfp4lib.leaderboard.export --path cute_fast --standalone`." in text
+    ok, value = isolated["standalone"]
+    assert ok, value
+    with pytest.raises(ExportError, match=rf"^--standalone: only for {', '.join(STANDALONE)}, not 'hybrid'$"):
+        export_source("hybrid", standalone=True)
+    with pytest.raises(ExportError, match="'cute_fast' has no fallback"):
+        export_source("cute_fast", standalone=True, fail=("scaled_mm_permuted",))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without CUDA")
+def test_standalone_file_is_skipped_by_the_local_leaderboard_without_a_gpu(exported):
+    report = evaluate(exported["standalone"], "test")
+    assert report.verdict == "SKIPPED" and "needs a CUDA GPU" in report.skipped
 
 
 def _candidate_table(source: str) -> dict:
@@ -227,7 +331,7 @@ def test_checked_files_try_their_kernel_then_the_fallback_order(exported, name):
         else:
             assert build == path.build.__name__
     text = exported[name].read_text()
-    assert "def _scaled_mm_permuted()" in text and "def _cute(variant: str)" in text
+    assert "def _scaled_mm_permuted()" in text and f"def _{first}()" in text
     assert "def build_path" not in text
 
 
@@ -254,7 +358,7 @@ def test_sections_name_the_inlined_modules_by_their_paths(exported, name):
         assert "nvfp4lib/leaderboard/export.py" not in modules, "the exporter stays out of the submissions"
 
 
-@pytest.mark.parametrize("name", EXPORTS)
+@pytest.mark.parametrize("name", EXPORTS + ("standalone",))
 def test_exported_files_carry_no_bench_or_study_code(exported, name):
     """The wings stay out of submissions: a file carries the core, and the leaderboard's runtime."""
     wings = [section.name for section in sections(exported[name].read_text())
@@ -377,10 +481,11 @@ def test_file_imports_where_nvfp4lib_does_not_exist(isolated, name):
 
 
 @pytest.mark.cute
-def test_cute_file_compiles_its_kernels_without_nvfp4lib(isolated):
-    ok, value = isolated["cute_fast"]
+@pytest.mark.parametrize("name", sorted(CROSS_COMPILE))
+def test_cute_file_compiles_its_kernels_without_nvfp4lib(isolated, name):
+    ok, value = isolated[name]
     assert ok, value
-    assert value[1] and len(value[1]) == len(CROSS_COMPILE)
+    assert value[1] and all("JitCompiledFunction" in kind for kind in value[1]), value[1]
 
 
 @pytest.mark.parametrize("name", EXPORTS)
@@ -430,15 +535,16 @@ def test_hybrid_file_keeps_its_kernel_after_a_first_call_with_a_bad_input(export
     c, nothing is discarded, and the valid call is right (it used to fail with "no GEMV path passed")."""
     run = _run_file(exported["hybrid"], """
         import torch
-        from submission import NVFP4InputError, check, generate_input, poison_
-        data = generate_input(128, 256, 1, seed=12)
+        from submission import NVFP4InputError, dequantized_gemv, self_check_input
+        data = self_check_input(128, 256, 1, "cpu")
         for bad in (data.c.clone().requires_grad_(), data.c.float()):
             try:
                 submission.custom_kernel(data._replace(c=bad))
             except NVFP4InputError as err:
                 print("refused:", err)
-        poison_(data.c)
-        print("ok" if check(submission.custom_kernel(data), data).ok else "WRONG")
+        data.c.fill_(float("nan"))
+        out = submission.custom_kernel(data).double()
+        print("ok" if torch.isclose(out, dequantized_gemv(data), rtol=1e-3, atol=1e-3).all() else "WRONG")
     """, tmp_path)
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
@@ -471,7 +577,7 @@ def test_path_passes_the_local_leaderboard_on_gpu(exported, name):
 def test_cute_file_without_tvm_ffi_compiles_for_the_plain_call(exported):
     """apache-tvm-ffi hidden in the interpreter without nvfp4lib: the file still builds its kernels."""
     expression = ("(submission.sys.modules.__setitem__('tvm_ffi', None), submission.has_tvm_ffi(), "
-                  "type(submission.compile_gemv('fast', 'sm_100a')).__name__)[1:]")
+                  "type(submission.default_config(2048).compile('sm_100a', 2048)).__name__)[1:]")
     (ok, value), = import_isolated([exported["cute_fast"]], expression).values()
     assert ok, value
     assert ast.literal_eval(value) == (False, "CudaDialectJitCompiledFunction")
@@ -483,20 +589,31 @@ def test_cute_file_without_tvm_ffi_compiles_for_the_plain_call(exported):
 
 def test_self_check_input_covers_every_code_and_the_scales_the_leaderboard_can_give():
     for m, k, l in fallback.SELF_CHECK_SHAPES:
-        for signed in (True, False):
-            data = fallback.self_check_input(m, k, l, "cpu", signed)
-            assert validate_gemv_input(data) == (m, k, l)
-            a, b, sfa, sfb, sfa_p, sfb_p, _ = data
-            for codes in (unpack_fp4(a[:, :, 0]), unpack_fp4(b[0, :, 0])):  # the vector is row 0
-                assert set(codes[..., 0::2].unique().tolist()) == set(range(16))  # low nibbles
-                assert set(codes[..., 1::2].unique().tolist()) == set(range(16))  # high nibbles
-            scales = torch.cat([sfa.float().flatten(), sfb[0].float().flatten()])
-            assert ((scales < 0).any().item(), (scales > 0).any().item(), (scales == 0).any().item()) == \
-                (signed, True, True)
-            assert torch.equal(sfa_p.view(torch.uint8), to_permuted(sfa).view(torch.uint8))
-            assert torch.equal(sfb_p.view(torch.uint8), to_permuted(sfb).view(torch.uint8))
-    unsigned = fallback.self_check_input(128, 256, 2, "cpu")
-    assert not (unsigned.sfa.float() < 0).any(), "by default the scales cuBLAS reads: sign bits clear"
+        data = fallback.self_check_input(m, k, l, "cpu")
+        assert validate_gemv_input(data) == (m, k, l)
+        a, b, sfa, sfb, sfa_p, sfb_p, _ = data
+        for codes in (unpack_fp4(a[:, :, 0]), unpack_fp4(b[0, :, 0])):  # the vector is row 0
+            assert set(codes[..., 0::2].unique().tolist()) == set(range(16))  # low nibbles
+            assert set(codes[..., 1::2].unique().tolist()) == set(range(16))  # high nibbles
+        assert not torch.equal(b.view(torch.uint8)[0], b.view(torch.uint8)[1])  # padding a path must not read
+        assert set(sfa.view(torch.uint8)[:, 0, 0].tolist()) == set(range(127))  # every E4M3 code with no sign bit
+        for sf in (sfa, sfb[:1]):
+            scales = sf.float()
+            assert (scales >= 0).all() and (scales == 0).any() and ((scales > 0) & (scales < 2.0 ** -6)).any()
+            assert scales.max() == 448.0 or sf is not sfa  # subnormals, and up to 448 in A's
+        assert (sfa.float() * sfb[:1].float()).max() <= 448 * 7 * 2.0 ** -9  # one side of each block is narrow
+        assert torch.equal(sfa_p.view(torch.uint8), to_permuted(sfa).view(torch.uint8))
+        assert torch.equal(sfb_p.view(torch.uint8), to_permuted(sfb).view(torch.uint8))
+
+
+def test_the_dequantized_product_is_the_exact_reference():
+    """The self-check's few lines of float64 against the package's exact integer reference (an independent
+    decode): equal at every element of every self-check shape, rounded to float32."""
+    from nvfp4lib.reference import reference_gemv
+
+    for shape in fallback.SELF_CHECK_SHAPES:
+        data = fallback.self_check_input(*shape, "cpu")
+        assert torch.equal(fallback.dequantized_gemv(data).float(), reference_gemv(data)), shape
 
 
 def _ignores_sign(data):
@@ -608,7 +725,7 @@ def test_a_cute_kernel_that_does_not_compile_falls_back_to_scaled_mm(monkeypatch
     def fails(*args, **kwargs):
         raise RuntimeError("NVVM_ERROR_COMPILATION: unsupported operation")
 
-    monkeypatch.setattr(cute_gemv, "compile_gemv", fails)
+    monkeypatch.setattr(cute_whole_k, "compile_whole_k", fails)
     monkeypatch.setattr(fallback, "self_check", lambda kernel, where: _real_self_check(kernel, "cpu"))  # no GPU here
     cute_launch.compiled_kernel.cache_clear()
     table = {name: (paths.PATHS[name].unavailable, paths.PATHS[name].build)
@@ -670,7 +787,7 @@ def test_dispatcher_and_exported_files_choose_with_one_function(machine, monkeyp
     seen = {}
 
     def recording(who):
-        def first_working(candidates, build, where, *, unavailable=None, checked=None):
+        def first_working(candidates, build, where, *, unavailable=None, checked=None, k=None):
             runnable = [name for name in candidates if unavailable(name) is None]
             seen[who] = (runnable, build(runnable[0]))
             return fallback.Choice(runnable[0], seen[who][1], ())

@@ -15,7 +15,9 @@ probing or compiling: they inline `nvfp4lib.leaderboard.runtime` (the code that 
 submission, kept apart from this exporter) and, for each path they may run, the registry's own
 `unavailable` and `build` functions from `nvfp4lib.paths`. The choice is `fallback.first_working`'s,
 the dispatcher's chooser: the file's path, then the rest of `paths.FALLBACK_ORDER`, the first that
-can run here, builds and passes its self-check. `sections` reads a generated file's sections back.
+can run here, builds and passes its self-check. With ``--standalone`` (`STANDALONE`) a file holds the
+path's kernel alone, built by the registry's `unchecked` builder: no validation, self-check or
+fallback, for a competitor to edit. `sections` reads a generated file's sections back.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class ExportPath:
     kwargs: dict = field(default_factory=dict)
     candidates: tuple[str, ...] = ()
     needs_cuda: bool = False  # its own kernel needs a CUDA GPU (elsewhere the file runs its fallback)
+    standalone: bool = False  # `entry()` builds the kernel alone, nothing checked; the file declares NEEDS_CUDA
 
 
 def _family(name: str) -> str:
@@ -80,8 +83,15 @@ HYBRID_SUMMARY = ("the dispatcher's choice without a measured table: the first p
                   f"passes its self-check here ({', '.join(FALLBACK_ORDER)})")
 
 
-def export_path(name: str) -> ExportPath:
-    """How the file for `name` (an exportable path of nvfp4lib.paths, or "hybrid") runs its path."""
+def export_path(name: str, standalone: bool = False) -> ExportPath:
+    """How the file for `name` (an exportable path of nvfp4lib.paths, or "hybrid") runs its path; with
+    `standalone`, the path's kernel alone (its registry's `unchecked` builder)."""
+    if standalone:
+        unchecked = PATHS[name].unchecked if name in PATHS else None
+        if unchecked is None:
+            raise ExportError(f"--standalone: only for {', '.join(STANDALONE)}, not {name!r}")
+        return ExportPath(unchecked, f"{PATHS[name].summary}; the kernel, its launch and custom_kernel alone (no "
+                          "input validation, no self-check, no fallback), to edit", standalone=True)
     if name == HYBRID:
         return ExportPath(choose_kernel, HYBRID_SUMMARY, candidates=_with_fallback())
     path = PATHS[name]
@@ -97,6 +107,9 @@ def export_path(name: str) -> ExportPath:
 
 EXPORTS = tuple(name for name, path in PATHS.items() if path.exportable) + (HYBRID,)
 """What `--path` takes: the exportable paths of nvfp4lib.paths, and "hybrid"."""
+STANDALONE = tuple(name for name in EXPORTS if name in PATHS and PATHS[name].unchecked is not None)
+"""What `--path` takes with `--standalone`: the paths with a kernel that runs alone."""
+MAX_STREAMS = 64  # --streams: more would only add host cost (each stream is a CUDA stream of the pool)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,37 +439,46 @@ def _candidate_table(candidates) -> tuple[list, list[str]]:
     return objects, lines
 
 
-def _path(name: str) -> ExportPath:
+def _path(name: str, standalone: bool = False) -> ExportPath:
     if name not in EXPORTS:
         raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(EXPORTS)}")
-    return export_path(name)
+    return export_path(name, standalone)
 
 
-def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = ()) -> str:
-    """The text of a self-contained leaderboard file for `path` (one of `EXPORTS`).
+def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = (),
+                  standalone: bool = False) -> str:
+    """The text of a self-contained leaderboard file for `path` (one of `EXPORTS`; of `STANDALONE` with
+    `standalone`: the kernel alone, for editing).
 
     `fail` names runtime paths of the file's fallback order that its self-check is to fail on
     purpose (to see the fallback work on a machine where every path would pass).
     """
-    spec = _path(path)
+    spec = _path(path, standalone)
     kwargs = dict(spec.kwargs)
     if streams is not None:
         if "streams" not in kwargs:
             raise ExportError(f"--streams applies only to paths that take streams, not to {path!r}")
-        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 0:
-            raise ExportError(f"--streams: expected an integer >= 0 (0 = the caller's stream), got {streams!r}")
+        if isinstance(streams, bool) or not isinstance(streams, int) or not 0 <= streams <= MAX_STREAMS:
+            raise ExportError(f"--streams: expected an integer from 0 to {MAX_STREAMS} (0 = the caller's stream), "
+                              f"got {streams!r}")
         kwargs["streams"] = streams
     unknown = [name for name in fail if name not in spec.candidates]
     if unknown:
         choices = ", ".join(spec.candidates) if spec.candidates else f"none: {path!r} has no fallback"
         raise ExportError(f"--fail-path {unknown[0]!r}: not a path of {path!r} (its paths: {choices})")
-    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL")
+    generated = ("custom_kernel", "input_t", "output_t", "SUBMISSION_PATH", "NVFP4LIB_VERSION", "BACKEND", "KERNEL",
+                 "NEEDS_CUDA")
     table, table_lines = _candidate_table(spec.candidates)
-    imports, code = inline_objects([spec.entry] + (table if spec.candidates else [describe_backend]),
-                                   reserved=generated)
+    if spec.standalone:
+        entry, text = _inlined_call(spec.entry, f"{path}: unchecked")
+        objects = [entry]
+    else:
+        objects = [spec.entry] + (table if spec.candidates else [describe_backend])
+    imports, code = inline_objects(objects, reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
+                       + (["--standalone"] if standalone else [])
                        + [f"--fail-path {name}" for name in fail])
     header = [
         DIRECTIVE,
@@ -466,7 +488,12 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
         f"# its file), then the generated entry point. It needs only {needs}.",
     ]
-    if spec.candidates:
+    if spec.standalone:
+        setup = ["NEEDS_CUDA = True  # the local leaderboard skips this file where there is no CUDA GPU",
+                 "KERNEL = " + (text.removeprefix("lambda: ") if text.startswith("lambda") else f"{text}()")
+                 + "  # compiled now for this GPU: the kernels of the benchmark K"]
+        call = "KERNEL(data)"
+    elif spec.candidates:
         options = f", fail={tuple(fail)!r}" if fail else ""
         setup = ["# Chosen once, now: the first of these paths (name: its availability check and builder, as in",
                  "# nvfp4lib.paths) that can run here and passes its self-check. Logged with `logging`: a path that",
@@ -536,22 +563,35 @@ def sections(source: str) -> list[Section]:
     return [Section(name, end - start) for (start, name), end in zip(starts, ends) if end > start]
 
 
+PACKAGE_FOLDER = Path(nvfp4lib.__file__).resolve().parent
+
+
 def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[str, ...] = (),
-                     force: bool = False) -> Path:
+                     force: bool = False, standalone: bool = False) -> Path:
     """Write the file for `path` to `out` and return where it went. Missing folders are created; an
-    existing file is replaced only with `force`; a folder, or a file where a folder should be, is
-    an ExportError that says so."""
+    existing file is replaced only with `force`, and only once the new text is complete (written to a
+    scratch file beside it, then renamed over it); a folder, a file where a folder should be, or a place
+    inside the package's own folder (the source the exporter reads) is an ExportError that says so."""
     if str(out).endswith(("/", os.sep)) or Path(out).is_dir():
         raise ExportError(f"--out: {out} is a folder; name the file to write, e.g. {Path(out) / 'submission.py'}")
     out = Path(out)
+    if PACKAGE_FOLDER in Path(os.path.realpath(out)).parents:  # a link into the package counts too
+        raise ExportError(f"--out: {out} is inside the {PACKAGE} package ({PACKAGE_FOLDER}), whose files are the "
+                          f"source the exporter reads; write the submission elsewhere")
     if out.exists() and not force:
         raise ExportError(f"--out: {out} exists; pass --force to overwrite it")
-    source = export_source(path, streams=streams, fail=fail)
+    source = export_source(path, streams=streams, fail=fail, standalone=standalone)
+    scratch = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(source)
+        try:
+            with open(scratch, "x", encoding="utf-8") as f:
+                f.write(source)
+            os.replace(scratch, out)
+        finally:
+            scratch.unlink(missing_ok=True)
     except OSError as err:
-        where = f" ({err.filename})" if err.filename and str(err.filename) != str(out) else ""
+        where = f" ({err.filename})" if err.filename and str(err.filename) not in (str(out), str(scratch)) else ""
         raise ExportError(f"--out: cannot write {out}: {err.strerror or err}{where}") from err
     return out
 
@@ -566,6 +606,9 @@ def main(argv=None) -> int:
     parser.add_argument("--fail-path", action="append", default=[], metavar="NAME",
                         help="make the file's self-check fail this path of its fallback order, to see the "
                              "fallback work (repeatable)")
+    parser.add_argument("--standalone", action="store_true",
+                        help=f"the kernel, its launch and custom_kernel alone, for editing: no input validation, "
+                             f"self-check or fallback ({', '.join(STANDALONE)})")
     parser.add_argument("--list", action="store_true", help="list the paths and exit")
     args = parser.parse_args(argv)
     if args.list:
@@ -577,11 +620,12 @@ def main(argv=None) -> int:
         parser.error(f"--path is required; one of: {', '.join(EXPORTS)}")
     try:
         out = write_submission(args.path, args.out, streams=args.streams, fail=tuple(args.fail_path),
-                               force=args.force)
+                               force=args.force, standalone=args.standalone)
     except ExportError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"wrote {out} ({args.path}, {len(out.read_text().splitlines())} lines)")
+    print(f"wrote {out} ({args.path}{', standalone' if args.standalone else ''}, "
+          f"{len(out.read_text().splitlines())} lines)")
     return 0
 
 
