@@ -53,10 +53,10 @@ CROSS_COMPILE = {
 PROBE = ("(getattr(submission, 'BACKEND', None), "
          + "".join(f"{code} if submission.SUBMISSION_PATH == {name!r} and submission.cute is not None else "
                    for name, code in CROSS_COMPILE.items()) + "None)")
-LINE_BUDGETS = {"hybrid": 1800, "cute_fast": 1800, "cute_naive": 1400, "standalone": 1000}
-"""The most lines each file may have (the standalone file: `--standalone` of cute_fast). What the files
-carry of the CuTe modules they inline is most of it (about 780 lines: the per-K kernel, its decodes and
-PTX ops, the launch and the device probe); these bounds keep the rest from growing back."""
+LINE_BUDGETS = {"hybrid": 1900, "cute_fast": 1900, "cute_naive": 1500, "standalone": 1100}
+"""The most lines each file may have (the standalone file: `--standalone` of cute_fast). Most of it is what
+the files carry of the CuTe modules they inline (about 880 lines: the per-K kernel, its decodes and PTX ops,
+the launch and the device probe); these bounds keep the rest from growing back."""
 PROBE_FILE = """
 SUBMISSION_PATH = "probe"
 try:
