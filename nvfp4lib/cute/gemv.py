@@ -24,8 +24,8 @@ import torch
 from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
-from nvfp4lib.cute.launch import compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi
-from nvfp4lib.cute.launch import resolve_decode
+from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
+                                  resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
                                ld_global_u16_if, ld_global_u32)
 from nvfp4lib.cute.whole_k import MAX_CHUNKS_PER_THREAD, WholeKConfig

@@ -490,8 +490,8 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
     ]
     if spec.standalone:
         setup = ["NEEDS_CUDA = True  # the local leaderboard skips this file where there is no CUDA GPU",
-                 "KERNEL = " + (text.removeprefix("lambda: ") if text.startswith("lambda") else f"{text}()")
-                 + "  # compiled now for this GPU: the kernels of the benchmark K"]
+                 "KERNEL = " + (text.removeprefix("lambda: ") if text.startswith("lambda: ") else f"{text}()")
+                 + "  # built now, for this GPU: no timed call compiles what it can compile here"]
         call = "KERNEL(data)"
     elif spec.candidates:
         options = f", fail={tuple(fail)!r}" if fail else ""
