@@ -11,8 +11,9 @@ Which path wins depends on the device and on the shape, so the choice is made pe
   (cuBLAS has no FP4 GEMM below sm_100);
 * CUDA without the CuTe DSL: the emulation, on the GPU.
 
-Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, builds and passes
-the self-check (`fallback.first_working`, as in the exported files). A path that fails it is never used again
+Apart from the table, each is the first path of `paths.FALLBACK_ORDER` that can run here, builds, passes
+the self-check (`fallback.first_working`, as in the exported files) and takes the shape's K (the per-K CuTe
+kernel refuses a K it cannot hold, and the next path runs that shape). A path that fails it is never used again
 by this dispatcher; a later call that raises (an input a path refuses) changes nothing. `explain` and
 `decisions` say what and why. For experiments a path can be forced by name
 (``with force("scaled_mm_permuted"): ...`` or the environment variable NVFP4_PATH): built as it is, with no
