@@ -126,3 +126,15 @@ def test_a_figure_of_recorded_numbers_is_credited_to_the_run_that_measured_them(
         ("NVIDIA H200", "feedc0ffee12", "2026-11-30", "2.9.1", "full")
     _save("01_drawn_here")
     assert plots.read_index()["01_drawn_here.png"]["commit"] == "0123456789ab", "other figures: this run's commit"
+
+
+def test_the_committed_progression_figure_and_its_printed_log_are_one_run():
+    """Notebook 04 on a CPU shows figures/04_progression.png and the times of
+    results/h200_nb04_progression.log side by side: both must come from the same run."""
+    import re
+
+    log = (locations.RESULTS_DIR / "h200_nb04_progression.log").read_text().splitlines()[0]
+    row = plots.read_index()["04_progression.png"]
+    logged = re.search(r"\bcommit ([0-9a-f]{7,40})\b", log).group(1)
+    assert row["commit"] == logged, f"figures/INDEX.md: {row['commit']}, the log: {logged}"
+    assert row["device"] in log and row["torch"] in log and row["date"] in log, (row, log)
