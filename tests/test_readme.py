@@ -18,6 +18,7 @@ import torch
 
 from nvfp4lib.bench import plots
 from nvfp4lib.bench import report as bench_report
+from nvfp4lib.bench.profile import load_profile
 from nvfp4lib.locations import REPO_ROOT, RESULTS_DIR
 from nvfp4lib.problem import BENCHMARK_SHAPES
 
@@ -43,8 +44,7 @@ def _as_run_here(source: str) -> str:
     the emulation, seconds at the benchmark shapes)."""
     if torch.cuda.is_available():
         return source
-    small, n = re.subn(r"generate_input\(\s*\d+\s*,\s*\d+\s*,\s*\d+", "generate_input(%d, %d, %d" % SMALL_SHAPE, source)
-    return small
+    return re.sub(r"generate_input\(\s*\d+\s*,\s*\d+\s*,\s*\d+", "generate_input(%d, %d, %d" % SMALL_SHAPE, source)
 
 
 def test_readme_has_python_blocks_that_call_the_package():
@@ -210,9 +210,7 @@ def test_the_sentences_about_that_run_are_its_numbers(recorded):
 
 
 def test_the_counters_readme_cites_are_the_profiles():
-    rows = {(r["config"], int(r["m"]), int(r["k"]), int(r["l"])): r for r in bench_report.load_results(
-        PROFILE_CSV, int_columns={"m", "k", "l"}, text_columns={"config", "kernel", "status", "note", "device",
-                                                                "date", "commit", "stall_1", "stall_2", "stall_3"})}
+    rows = {(r["config"], r["m"], r["k"], r["l"]): r for r in load_profile(PROFILE_CSV)}
 
     def row(config, shape):
         return rows[(config, *shape)]
