@@ -53,9 +53,22 @@ test: $(SETUP) ## run all tests, notebooks included (small mode; 01 and 02 also 
 reproduce: $(SETUP) ## execute every notebook -> build/notebooks/: full mode on a GPU (figures/ on the committed figures' device, else build/figures/), small on a CPU (build/figures/)
 	$(PY) tools/run_notebooks.py --out $(BUILD_DIR)/notebooks $(NOTEBOOK_ARGS)
 
-lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" (this checkout's nvfp4lib) registered
-	$(PY) -m ipykernel install --user --name nvfp4 --display-name "Python (nvfp4)" --env PYTHONPATH "$(CURDIR)"
-	$(PY) -m jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
+# The kernel `make lab` registers, under the name the notebooks give: this checkout's nvfp4lib on its PYTHONPATH.
+# It is installed where this checkout keeps things, never for the user (where every clone would write the same
+# kernelspec): in .venv (--sys-prefix); with PYTHON=<interpreter>, whose prefix other checkouts may share (or
+# that may not be writable), in build/jupyter. The server is started with that folder first on JUPYTER_PATH.
+LAB_KERNEL := nvfp4
+ifeq ($(strip $(PYTHON)),)
+LAB_KERNEL_PREFIX := --sys-prefix
+LAB_JUPYTER_DATA := $(abspath $(VENV))/share/jupyter
+else
+LAB_KERNEL_PREFIX := --prefix "$(abspath $(BUILD_DIR))/jupyter"
+LAB_JUPYTER_DATA := $(abspath $(BUILD_DIR))/jupyter/share/jupyter
+endif
+
+lab: $(SETUP) ## start JupyterLab on 127.0.0.1 with the kernel "Python (nvfp4)" (this checkout's nvfp4lib), registered in .venv (with PYTHON=..., in build/jupyter)
+	$(PY) -m ipykernel install $(LAB_KERNEL_PREFIX) --name $(LAB_KERNEL) --display-name "Python (nvfp4)" --env PYTHONPATH "$(CURDIR)"
+	JUPYTER_PATH="$(LAB_JUPYTER_DATA)$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))" $(PY) -m jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # ---- Further targets go here, one block each, declared .PHONY, depending on $(SETUP) and
 # ---- running $(PY) so that `PYTHON=...` works for them too; a `## text` comment puts them in help.
@@ -73,11 +86,16 @@ calibrate: $(SETUP) ## time _scaled_mm vs CuTe per shape class on this GPU -> bu
 	$(PY) -m nvfp4lib.bench.calibration
 
 # ---- submission: the leaderboard submission file ---------------------------------------
+# The evaluator's INCOMPLETE verdict (every check that ran here passed; its line names what this machine could
+# not check, e.g. the timed modes without CUDA) is success here; every other non-zero exit code fails the target.
 SUBMISSION ?= hybrid
+EVALUATE_INCOMPLETE := 4# nvfp4lib.leaderboard.report.EXIT_INCOMPLETE
 .PHONY: submission
-submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bin/python -m nvfp4lib.leaderboard.export --list) to build/submission.py and check it
+submission: $(SETUP) ## export SUBMISSION=<path> (default hybrid; list: .venv/bin/python -m nvfp4lib.leaderboard.export --list) to build/submission.py and check it (exit 0: every check this machine can run passed)
 	$(PY) -m nvfp4lib.leaderboard.export --path $(SUBMISSION) --out $(BUILD_DIR)/submission.py --force
-	$(PY) -m nvfp4lib.leaderboard.evaluate $(BUILD_DIR)/submission.py
+	$(PY) -m nvfp4lib.leaderboard.evaluate $(BUILD_DIR)/submission.py || { status=$$?; \
+	  if [ $$status -ne $(EVALUATE_INCOMPLETE) ]; then exit $$status; fi; \
+	  echo "make submission: $(BUILD_DIR)/submission.py exported; every check this machine can run passed (the INCOMPLETE line above names what it could not check)"; }
 
 # ---- sanitize: compute-sanitizer runs of the kernels ------------------------------------
 SANITIZE_ARGS ?=

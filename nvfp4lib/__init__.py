@@ -1,21 +1,12 @@
 """nvfp4lib: batched NVFP4 GEMV, from the number format up to the kernels.
 
-Submodules are imported explicitly (``from nvfp4lib.formats import ...``) so that
-importing the package stays cheap and never touches the GPU or the CuTe DSL.
-The one exception, ``nvfp4lib.gemv`` (the GEMV as a PyTorch op), imports `nvfp4lib.ops`
-when it is first read.
+``import nvfp4lib`` registers the GEMV as the PyTorch op ``torch.ops.nvfp4lib.gemv`` (`nvfp4lib.ops`;
+``nvfp4lib.gemv`` is its Python entry point), as a torch extension package does. That import loads
+PyTorch and the package's core modules only: it never touches the GPU or the CuTe DSL, which load
+when a kernel is first built. Everything else is imported explicitly (``from nvfp4lib.formats import ...``).
 """
 
 from nvfp4lib.version import __version__
+from nvfp4lib.ops import gemv  # registers torch.ops.nvfp4lib.gemv
 
-
-def __getattr__(name: str):
-    if name == "gemv":
-        from nvfp4lib.ops import gemv
-
-        return gemv
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted([*globals(), "gemv"])
+__all__ = ["__version__", "gemv"]

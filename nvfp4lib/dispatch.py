@@ -21,11 +21,12 @@ self-check and no fallback. With ``check_scales`` (`Dispatcher`) every call firs
 of the scales agree (`layouts.check_scale_copies`).
 
 The module-level functions are the methods of one `Dispatcher`, `DISPATCHER`; make another for an independent
-set of choices. Cost per call: after the first call of a shape, a context-variable read, one read of the
-environment (NVFP4_PATH, and NVFP4_CHECK_SCALES where it decides), one dictionary lookup keyed by (a.shape,
-a.is_cuda, what forces a path) and the path's own call, which validates its input (`Dispatcher.run_validated`:
-for a tuple its caller validated, the op's). The first call of a shape builds and self-checks a path: make it
-before capturing a CUDA graph."""
+set of choices. Cost per call: after the first call of a shape, a context-variable read, one or two
+lookups in the environment (NVFP4_PATH on every call; NVFP4_CHECK_SCALES too when the dispatcher leaves the
+scale check to it, as the default does, and the call is handed both copies of the scales: not the op's),
+one dictionary lookup keyed by (a.shape, a.is_cuda, what forces a path) and the path's own call, which
+validates its input (`Dispatcher.run_validated`: for a tuple its caller validated, the op's). The first call
+of a shape builds and self-checks a path: make it before capturing a CUDA graph."""
 
 from __future__ import annotations
 

@@ -8,8 +8,9 @@ function, registered with ``torch.library.custom_op`` (it mutates no argument) a
 gives the output's shape, dtype, device and strides, so it compiles with ``torch.compile(fullgraph=True)`` and
 is captured in a CUDA graph like any PyTorch op::
 
-    from nvfp4lib.ops import gemv  # or nvfp4lib.gemv, or torch.ops.nvfp4lib.gemv once this is imported
-    c = gemv(a, b, sfa_permuted, sfb_permuted)  # [M, 1, L] float16, a new tensor in the 7-tuple's layout
+    import nvfp4lib  # registers torch.ops.nvfp4lib.gemv
+    c = nvfp4lib.gemv(a, b, sfa_permuted, sfb_permuted)  # or torch.ops.nvfp4lib.gemv(...)
+    # c: [M, 1, L] float16, a new tensor in the 7-tuple's layout
 
 The path is chosen as for `custom_kernel`, by the same dispatcher (`dispatch.DISPATCHER`: the same choice for
 the same device and shape, `force` and NVFP4_PATH included), and the result has the same bits. Some paths read
@@ -25,7 +26,8 @@ once per shape before capturing a CUDA graph: the first call chooses and builds 
 
 import torch
 
-from nvfp4lib.contract import B_ROWS, BLOCK_SIZE, OP_NAMES, GemvInput, plain_strides, require_tensor, validate_op_input
+from nvfp4lib.contract import (B_ROWS, BLOCK_SIZE, OP_NAMES, GemvInput, NVFP4InputError, plain_strides, require_tensor,
+                               validate_op_input)
 from nvfp4lib.dispatch import DISPATCHER
 from nvfp4lib.layouts import from_permuted
 
@@ -54,8 +56,26 @@ def gemv_op(a: torch.Tensor, b: torch.Tensor, sfa_permuted: torch.Tensor, sfb_pe
 def _gemv_fake(a, b, sfa_permuted, sfb_permuted):
     # The checks that need no memory (dtypes, ranks, shapes, devices), so that torch.compile refuses
     # a bad input when it traces, naming the argument; strides and alignment are checked at run time.
-    validate_op_input(a, b, sfa_permuted, sfb_permuted, check_storage=False)
+    args = (a, b, sfa_permuted, sfb_permuted)
+    try:
+        validate_op_input(*args, check_storage=False)
+    except NVFP4InputError as symbolic:
+        if any(isinstance(size, torch.SymInt) for x in args for size in x.shape):
+            # traced with symbolic sizes, the message would name a symbol ("got M = s33"): the same
+            # checks again on tensors of this call's sizes raise it with the numbers
+            try:
+                sized = [_with_sizes_of_this_call(x) for x in args]
+            except RuntimeError:  # a size with no value while tracing (data-dependent): the message as it is
+                raise symbolic from None
+            validate_op_input(*sized, check_storage=False)
+        raise
     return new_output(a)
+
+
+def _with_sizes_of_this_call(x: torch.Tensor) -> torch.Tensor:
+    """An empty tensor like `x` (dtype, device) whose sizes are the values its symbolic sizes have in
+    the call being traced (inside the fake mode of a trace, so it holds no memory)."""
+    return torch.empty([int(size) for size in x.shape], dtype=x.dtype, device=x.device)
 
 
 def gemv(a: torch.Tensor, b: torch.Tensor, sfa_permuted: torch.Tensor, sfb_permuted: torch.Tensor) -> torch.Tensor:

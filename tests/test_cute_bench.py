@@ -69,6 +69,38 @@ def test_time_all_rows(monkeypatch, tmp_path):
         cute_bench.time_all(kernels, SHAPES, flush="write", reads=reads, device="cpu")
 
 
+def test_the_printed_time_lines_read_back_as_the_rows(monkeypatch, capsys):
+    """What time_all prints is what a results log keeps; read_time_lines gives back every row's times and
+    shares, as printed (2 decimals for times, 1 for shares)."""
+    monkeypatch.setattr(cute_bench, "measure", _few_calls(cute_bench.measure))
+    reads = read_ceilings([("benchmark", s) for s in SHAPES], large=False, rule=StoppingRule(3, 1e9), warmup=1,
+                          reps=3, reads=(TorchRead(),))
+    capsys.readouterr()
+    kernels = [("cute_naive", StandIn()), ("cute_fast[rows_per_warp=8,unroll=1]", StandIn(FastConfig(8, 4, 1)))]
+    rows = cute_bench.time_all(kernels, SHAPES, reps=3, reads=reads, device="cpu")
+    read = cute_bench.read_time_lines("## a log\n" + capsys.readouterr().out)
+    assert list(read) == [(r["path"], Shape(r["m"], r["k"], r["l"])) for r in rows]
+    for r in rows:
+        back = read[r["path"], Shape(r["m"], r["k"], r["l"])]
+        for column, decimals in (("kernel_us", 2), ("leaderboard_us", 2), ("leaderboard_err_us", 2),
+                                 ("host_visible_us", 2), ("kernel_pct_of_read", 1), ("leaderboard_pct_of_read", 1)):
+            assert back[column] == pytest.approx(round(r[column], decimals), abs=1e-9), column
+
+
+def test_the_committed_progression_log_holds_every_step_at_every_benchmark_shape():
+    """results/h200_nb04_progression.log, which notebook 04 shows on a CPU: a timed row per step and shape."""
+    from nvfp4lib.bench.profile import PROGRESSION
+    from nvfp4lib.locations import RESULTS_DIR
+    from nvfp4lib.problem import BENCHMARK_SHAPES
+
+    read = cute_bench.read_time_lines((RESULTS_DIR / "h200_nb04_progression.log").read_text())
+    names = [cute_bench.kernel_name("naive") if step == "naive" else
+             cute_bench.kernel_name("fast", None if step == "default" else cute_bench.parse_config(step))
+             for step in PROGRESSION]
+    missing = [(n, s) for n in names for s in BENCHMARK_SHAPES if (n, s) not in read]
+    assert not missing and len(read) == len(names) * len(BENCHMARK_SHAPES), missing
+
+
 def test_kernel_names_follow_the_package_scheme():
     name = cute_bench.kernel_name
     assert (name("naive"), name("fast"), name("fast", FastConfig())) == ("cute_naive", "cute_fast", "cute_fast[]")

@@ -105,3 +105,36 @@ def test_a_committed_figure_is_shown_with_the_run_that_made_it(repo, monkeypatch
                           f"run on NVIDIA H200 at commit 0123456789ab with torch {torch.__version__} (")
     assert plots.show_committed_figure("02_absent", "the times") is None
     assert capsys.readouterr().out == "the times: no committed figure figures/02_absent.png; a run on a GPU draws it\n"
+
+
+def test_a_figure_of_recorded_numbers_is_credited_to_the_run_that_measured_them(repo, monkeypatch):
+    """A figure drawn from a results CSV (notebook 00's) names the CSV's run in the index, not the
+    checkout that drew it: device, commit, date and torch from the rows' own columns."""
+    from nvfp4lib.bench import report as bench_report
+
+    monkeypatch.setattr(plots, "_device_name", lambda: "NVIDIA H200")
+    plots.declare_mode("full")
+    rows = [dict(path="copy", kind="ceiling"),
+            dict(path="cute_fast", env_gpu="NVIDIA H200", date="2026-11-30", commit="feedc0ffee12", env_torch="2.9.1")]
+    fig, ax = plt.subplots(figsize=(1, 1))
+    try:
+        plots.save_figure(fig, "00_recorded", measured=bench_report.measured_run(rows))
+    finally:
+        plt.close(fig)
+    row = plots.read_index()["00_recorded.png"]
+    assert (row["device"], row["commit"], row["date"], row["torch"], row["mode"]) == \
+        ("NVIDIA H200", "feedc0ffee12", "2026-11-30", "2.9.1", "full")
+    _save("01_drawn_here")
+    assert plots.read_index()["01_drawn_here.png"]["commit"] == "0123456789ab", "other figures: this run's commit"
+
+
+def test_the_committed_progression_figure_and_its_printed_log_are_one_run():
+    """Notebook 04 on a CPU shows figures/04_progression.png and the times of
+    results/h200_nb04_progression.log side by side: both must come from the same run."""
+    import re
+
+    log = (locations.RESULTS_DIR / "h200_nb04_progression.log").read_text().splitlines()[0]
+    row = plots.read_index()["04_progression.png"]
+    logged = re.search(r"\bcommit ([0-9a-f]{7,40})\b", log).group(1)
+    assert row["commit"] == logged, f"figures/INDEX.md: {row['commit']}, the log: {logged}"
+    assert row["device"] in log and row["torch"] in log and row["date"] in log, (row, log)

@@ -4,7 +4,7 @@ Kernel menu's dialog, Run > Run All Cells, and the executed page checked and pho
 build/lab/01_fp4_quantization.png for a person to look at.
 
 `make lab PYTHON=<this interpreter>` gets a free loopback port, a token and throw-away Jupyter
-folders (the kernel is registered there, not for the user). Autosave is off and checkpoints and
+folders; it registers the kernel in this checkout's build/jupyter, where the server it starts looks first. Autosave is off and checkpoints and
 figures go to the temporary folder, so the committed notebooks and figures must be byte-for-byte
 unchanged afterwards. Every wait has a deadline. Skipped, saying why, without playwright, jupyterlab
 or chromium.
@@ -246,7 +246,7 @@ def test_server_listens_on_loopback_only_and_wants_the_token(lab):
 def test_the_picked_kernel_is_make_labs_with_this_checkout(lab, executed):
     picked, toolbar, _ = executed
     assert picked["name"] == "nvfp4" and toolbar == KERNEL
-    spec = json.loads((lab.work / "jupyter_data_dir" / "kernels" / "nvfp4" / "kernel.json").read_text())
+    spec = json.loads((BUILD_DIR / "jupyter" / "share" / "jupyter" / "kernels" / "nvfp4" / "kernel.json").read_text())
     assert spec["display_name"] == KERNEL and spec["argv"][0] == sys.executable
     assert spec["env"]["PYTHONPATH"] == str(REPO_ROOT), "the kernel imports this checkout's nvfp4lib"
 

@@ -5,9 +5,6 @@ Notebooks are discovered, so a new one is covered without editing this file. Exe
 through the same runner as `make reproduce`; figures and executed copies go to a temporary folder.
 """
 
-import re
-from pathlib import Path
-
 import nbformat
 import pytest
 from papermill.translators import PythonTranslator
@@ -52,13 +49,6 @@ def test_runs_in_small_mode(path, tmp_path, monkeypatch):
 @pytest.mark.parametrize("path", [p for p in NOTEBOOKS if p.name in FULL_MODE_ON_CPU], ids=lambda p: p.stem)
 def test_runs_in_full_mode(path, tmp_path, monkeypatch):
     _run(path, tmp_path, monkeypatch, small=False)
-
-
-def test_kernelspec_is_the_one_make_lab_registers():
-    makefile = (Path(__file__).resolve().parent.parent / "Makefile").read_text()
-    registered = re.search(r"ipykernel install --user --name (\S+)", makefile).group(1)
-    for path in NOTEBOOKS:
-        assert nbformat.read(path, as_version=4).metadata["kernelspec"]["name"] == registered, path.name
 
 
 def test_full_mode_list_names_notebooks():

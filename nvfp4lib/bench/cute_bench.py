@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import sys
 
 from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
@@ -201,12 +202,39 @@ def time_all(kernels, shapes, *, reps: int = 100, flush: str = "dirty", reads: l
                        l=shape.l, bytes=nbytes, status="ok", note=note, flush=flush, **timing_fields(timings, nbytes))
             row.update(ceilings.percent_of_read(row, flush))
             rows.append(row)
-            print(f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
-                  f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
-                  f"{row['leaderboard_us']:.2f} +- {row['leaderboard_err_us']:.2f} us "
-                  f"({cell_text(row.get('leaderboard_pct_of_read'), '.1f')} %), host-visible "
-                  f"{row['host_visible_us']:.2f} us (host {cell_text(row['host_us'], '.1f')} us)", flush=True)
+            print(time_line(name, shape, row), flush=True)
     return rows
+
+
+def time_line(name: str, shape: Shape, row: dict) -> str:
+    """The line `time_all` prints for one kernel at one shape, which results logs keep (`read_time_lines`)."""
+    return (f"time  {name} {shape.m}x{shape.k}x{shape.l}: kernel {row['kernel_us']:.2f} us "
+            f"({cell_text(row.get('kernel_pct_of_read'), '.1f')} % of the best read), leaderboard "
+            f"{row['leaderboard_us']:.2f} +- {row['leaderboard_err_us']:.2f} us "
+            f"({cell_text(row.get('leaderboard_pct_of_read'), '.1f')} %), host-visible "
+            f"{row['host_visible_us']:.2f} us (host {cell_text(row['host_us'], '.1f')} us)")
+
+
+_NUMBER = r"[0-9]+(?:\.[0-9]+)?"
+_TIME_LINE = re.compile(
+    rf"time\s+(?P<path>\S+) (?P<m>\d+)x(?P<k>\d+)x(?P<l>\d+): kernel (?P<kernel_us>{_NUMBER}) us "
+    rf"\((?P<kernel_pct_of_read>{_NUMBER}|-) % of the best read\), leaderboard (?P<leaderboard_us>{_NUMBER}) "
+    rf"\+- (?P<leaderboard_err_us>{_NUMBER}) us \((?P<leaderboard_pct_of_read>{_NUMBER}|-) %\), "
+    rf"host-visible (?P<host_visible_us>{_NUMBER}) us \(host (?P<host_us>{_NUMBER}|-) us\)")
+
+
+def read_time_lines(text: str) -> dict[tuple[str, Shape], dict]:
+    """{(kernel name, shape): row} from the `time_line`s in a run's printed output (a results log): the
+    times and shares of the best read as printed (2 and 1 decimals), None where a share was not measured."""
+    found = {}
+    for line in text.splitlines():
+        m = _TIME_LINE.fullmatch(line.strip())
+        if m:
+            shape = Shape(int(m["m"]), int(m["k"]), int(m["l"]))
+            values = {key: None if value == "-" else float(value) for key, value in m.groupdict().items()
+                      if key not in ("path", "m", "k", "l")}
+            found[m["path"], shape] = dict(path=m["path"], m=shape.m, k=shape.k, l=shape.l, **values)
+    return found
 
 
 def main(argv=None) -> int:

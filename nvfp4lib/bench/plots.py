@@ -16,6 +16,7 @@ import re
 import sys
 import zlib
 from pathlib import Path
+from typing import Mapping
 
 import matplotlib
 
@@ -37,9 +38,11 @@ _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _INDEX_HEADER = """# Figures
 
 Every PNG committed in this folder, with the run that made it: its device, commit, date, mode and
-the PyTorch it ran with. Rows are written by `nvfp4lib.bench.plots.save_figure` when a full-mode run on a
-GPU saves a figure here; runs on a CPU, in small mode or on another device write to build/figures/
-instead and leave this folder alone.
+the PyTorch it ran with. A figure drawn from recorded results (the 00_* figures, from a `make bench`
+CSV) is credited to the run that measured them: the device, commit, date and PyTorch of the CSV's own
+columns. Rows are written by `nvfp4lib.bench.plots.save_figure` when a full-mode run on a GPU saves a
+figure here; runs on a CPU, in small mode or on another device write to build/figures/ instead and
+leave this folder alone.
 
 """
 
@@ -118,12 +121,14 @@ def _notebook_of(name: str) -> str:
 _said: set[Path] = set()
 
 
-def save_figure(fig, name: str) -> Path:
+def save_figure(fig, name: str, measured: Mapping[str, str] | None = None) -> Path:
     """Write ``fig`` as ``<name>.png`` where this run's figures belong and return the path.
 
     ``name`` is a stem such as ``"01_e2m1_grid"`` (no folder, no extension): notebooks and the
     README refer to figures by these names, so they must not depend on run order or time. Prints
     one line naming the file; the first time a folder is used, also why this folder.
+    ``measured``: for a figure of recorded numbers, the run that measured them (device, commit, date,
+    torch; `bench.report.measured_run`), which the index then credits instead of this run.
     """
     if not _NAME.match(name) or name.lower().endswith(".png"):
         raise ValueError(f"figure name must be a plain stem like '01_e2m1_grid', got {name!r}")
@@ -135,9 +140,10 @@ def save_figure(fig, name: str) -> Path:
         rows = read_index()
         import torch
 
-        rows[path.name] = {"figure": path.name, "notebook": _notebook_of(name), "device": _device_name(),
-                           "commit": locations.checkout_commit(), "date": datetime.date.today().isoformat(),
-                           "mode": _mode, "torch": torch.__version__}
+        this_run = {"device": _device_name(), "commit": locations.checkout_commit(),
+                    "date": datetime.date.today().isoformat(), "torch": torch.__version__}
+        credited = {key: (measured or this_run)[key] for key in this_run}
+        rows[path.name] = {"figure": path.name, "notebook": _notebook_of(name), "mode": _mode, **credited}
         _write_index(rows, out_dir)
     if out_dir not in _said:
         _said.add(out_dir)

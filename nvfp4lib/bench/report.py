@@ -24,7 +24,7 @@ from nvfp4lib.bench.timing import MEASURES, STATISTIC, cell_text, gbps, geomean,
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import Capabilities, capabilities, environment_report
 from nvfp4lib.locations import BUILD_DIR, REPO_ROOT, RESULTS_DIR, checkout_commit
-from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, bytes_moved
+from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, bytes_moved
 
 BENCH_DIR = BUILD_DIR / "bench"
 CPU_NOTE = "CPU: timings are not meaningful"
@@ -141,16 +141,29 @@ def find_results(slug: str | None = None) -> Path | None:
     return next((p for p in candidates if p.is_file()), None)
 
 
-def results_source(path: Path | str, rows: list[dict]) -> str:
-    """Where recorded rows were measured, to print with every number taken from them: the file
-    (relative to the checkout), the device, the date, the commit and the torch of the run."""
+def measured_run(rows: list[dict]) -> dict[str, str]:
+    """The run that measured `rows`, from their own columns (never from this checkout): device, date,
+    commit and torch, as figures/INDEX.md records a figure drawn from them."""
     def first(column: str, missing: str) -> str:
         return next((str(r[column]) for r in rows if r.get(column)), missing)
 
+    device = first("env_gpu", "CPU" if any(r.get("timing") == "wall" for r in rows) else "unknown device")
+    return {"device": device, "date": first("date", "undated"), "commit": first("commit", "unknown"),
+            "torch": first("env_torch", "unknown")}
+
+
+def run_text(rows: list[dict]) -> str:
+    """`measured_run` in words: "NVIDIA H200, 2026-12-01, commit 8ecbe5c, torch 2.11.0+cu130"."""
+    run = measured_run(rows)
+    return f"{run['device']}, {run['date']}, commit {run['commit']}, torch {run['torch']}"
+
+
+def results_source(path: Path | str, rows: list[dict]) -> str:
+    """Where recorded rows were measured, to print with every number taken from them: the file
+    (relative to the checkout), the device, the date, the commit and the torch of the run."""
     path = Path(path)
     shown = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
-    return (f"{shown}: {first('env_gpu', 'unknown device')}, {first('date', 'undated')}, "
-            f"commit {first('commit', 'unknown')}, torch {first('env_torch', 'unknown')}")
+    return f"{shown}: {run_text(rows)}"
 
 
 # ------------------------------------------------------------------------------ measures and ceilings
@@ -299,10 +312,11 @@ def _colors(timed: list[dict]) -> dict[str, str]:
     return {n: path_color(n) for n in dict.fromkeys(ours + theirs)}
 
 
-def _device_title(rows: list[dict]) -> str:
-    name = next((r["env_gpu"] for r in rows if r.get("env_gpu")), None) or "CPU"
+def _run_title(rows: list[dict], source: str | None) -> str:
+    """What a figure's title says of its numbers: their file, device, date and commit (`source`, else
+    `run_text`), and on a CPU that its timings are not meaningful."""
     wall = any(r.get("timing") == "wall" for r in rows)
-    return name + (f" ({CPU_NOTE})" if wall else "")
+    return (source or run_text(rows)) + (f" ({CPU_NOTE})" if wall else "")
 
 
 def _bytes_axis(ax) -> None:
@@ -328,8 +342,9 @@ def _best_read_points(rows: list[dict], measure: str) -> list[tuple[int, float]]
     return sorted((r["bytes"], r[column]) for r in best_reads(rows, measure_name=measure).values())
 
 
-def roofline_figure(rows: list[dict]):
-    """Bytes per call against time per call (log-log), a panel per measure, with the ceilings.
+def roofline_figure(rows: list[dict], source: str | None = None):
+    """Bytes per call against time per call (log-log), a panel per measure, with the ceilings; the
+    title names where the numbers come from (`source`, see `make_figures`).
 
     The sweep is drawn as lines (solid L = 1, dashed L = 4), the benchmark shapes as stars. The
     ceiling is the best streaming read of the same bytes where the results have reads (a dashed
@@ -384,26 +399,34 @@ def roofline_figure(rows: list[dict]):
                 for bw, s, t in ((copy, "-", "copy" if any_reads else "ceiling: copy"), (reduction, ":", "reduction"))
                 if bw]
     fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
-    fig.suptitle(f"NVFP4 GEMV, time against bytes moved: {_device_title(rows)}\n{ceiling_note(rows)}", fontsize=10)
+    fig.suptitle(f"NVFP4 GEMV, time against bytes moved\n{_run_title(rows, source)}\n{ceiling_note(rows)}",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def bars_figure(rows: list[dict]):
-    """Every path and peer at the benchmark shapes: leaderboard time as bars, kernel time as dots,
-    host-visible time as crosses, and per shape the ceiling."""
+LEGEND_WIDTH_IN = 3.6  # inches the legend right of a figure's axes takes
+SHAPE_LABEL_WIDTH_IN = 1.1  # inches a benchmark shape's two-line tick label needs ("7168x16384x1", "66.1 MB")
+
+
+def bars_figure(rows: list[dict], source: str | None = None):
+    """Every path and peer at the benchmark shapes (on a CPU, at their scaled-down stand-ins, which the
+    title says): leaderboard time as bars, kernel time as dots, host-visible time as crosses, and per
+    shape the ceiling; the title names where the numbers come from (`source`, see `make_figures`)."""
     import matplotlib.pyplot as plt
 
     timed = [r for r in _timed(rows) if r["shape_set"] == "benchmark"]
     colors = _colors(timed)
     shapes = list(dict.fromkeys((r["m"], r["k"], r["l"]) for r in timed))
     names = list(colors)
+    scaled_down = any(Shape(*s) not in BENCHMARK_SHAPES for s in shapes)  # a CPU run's stand-ins
     copy = bandwidth_ceiling(rows, "copy")
     score = SCORE_MEASURE
     column = time_column(score)
     crosses = "host-visible" in measures_in(rows)
     reads = {(r["m"], r["k"], r["l"]): r[column] for r in best_reads(rows, measure_name=score).values()}
-    fig, ax = plt.subplots(figsize=(max(7, 1.2 + 0.45 * len(names) * max(1, len(shapes))), 5))
+    axes_width = max(4.0, 1.2 + max(1, len(shapes)) * max(SHAPE_LABEL_WIDTH_IN, 0.45 * len(names)))
+    fig, ax = plt.subplots(figsize=(axes_width + LEGEND_WIDTH_IN, 5))
     width = 0.8 / max(1, len(names))
     for j, name in enumerate(names):
         mine = {(r["m"], r["k"], r["l"]): r for r in timed if r["path"] == name and r.get(column) is not None}
@@ -438,18 +461,25 @@ def bars_figure(rows: list[dict]):
                   [f"{m}x{k}x{l}\n{bytes_moved(Shape(m, k, l)) / 1e6:.1f} MB" for m, k, l in shapes])
     ax.set_yscale("log")
     ax.set_ylabel(f"us per call (bars: {score} time, {STATISTIC[score]})")
-    ax.set_title(f"All paths and peers at the benchmark shapes: {_device_title(rows)}\n{ceiling_note(rows)}",
-                 fontsize=10)
+    where = ("scaled-down stand-ins for the benchmark shapes (M and K cut to run on a CPU)" if scaled_down
+             else "the benchmark shapes")
+    ax.set_title(f"All paths and peers at {where}\n{_run_title(rows, source)}\n{ceiling_note(rows)}", fontsize=10)
     ax.grid(True, axis="y", which="both", alpha=0.25)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
 
 
-def make_figures(results) -> dict[str, object]:
-    """The suite's figures from rows or a CSV path, by figure name: "00_roofline", "00_benchmark_bars"."""
-    rows = load_results(results) if isinstance(results, (str, Path)) else list(results)
-    return {"00_roofline": roofline_figure(rows), "00_benchmark_bars": bars_figure(rows)}
+def make_figures(results, source: str | None = None) -> dict[str, object]:
+    """The suite's figures from rows or a CSV path, by figure name: "00_roofline", "00_benchmark_bars".
+    Their titles name where the numbers come from: `source` if given, else the file (`results_source`),
+    else the run of the rows' own columns (`run_text`)."""
+    if isinstance(results, (str, Path)):
+        rows = load_results(results)
+        source = source or results_source(results, rows)
+    else:
+        rows = list(results)
+    return {"00_roofline": roofline_figure(rows, source), "00_benchmark_bars": bars_figure(rows, source)}
 
 
 def save_figures(figures: dict, directory: Path | str | None = None) -> dict[str, Path]:

@@ -279,8 +279,10 @@ def run(*, quick: bool = False, out_dir: Path | str | None = None, only: Iterabl
     say(caps.summary())
     if not caps.cuda:
         say(f"{CPU_NOTE}: scaled-down shapes, wall-clock time; this only exercises the code")
-    for name, why in skipped:
-        say(f"skipped {name}: {why}")
+    for name, why in skipped:  # a path that could run here as an emulation is not timed: its time says nothing
+        emulated = all_paths()[name].unavailable(caps, caps.cuda) is None
+        say(f"skipped {name}, " + (f"not timed: {why}; the benchmark times no emulation" if emulated
+                                   else f"cannot run here: {why}"))
 
     copy, reduction = copy_bandwidth_gbps(), reduction_bandwidth_gbps()
     say(f"ceilings: copy {copy:.0f} GB/s (read + write), reduction {reduction:.0f} GB/s (read)")
@@ -377,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in paths:
             print(f"{p.name:<22} {p.label}")
         for name, why in skipped:
-            print(f"{name:<22} not here: {why}")
+            print(f"{name:<22} not timed here: {why}")
         return 0
     only = _patterns(args.only)
     if only is not None and not select(known, only):
