@@ -117,6 +117,12 @@ def _cute_arch(sm: tuple[int, int] | None) -> str | None:
     return None if sm is None else {(10, 0): "sm_100a", (9, 0): "sm_90a"}.get(sm, f"sm_{sm[0]}{sm[1]}")
 
 
+def cute_arch() -> str | None:
+    """This GPU's CuTe DSL target ("sm_100a", "sm_90a", else "sm_XY"; None without one): what a kernel
+    compiles for, found without the probes of `capabilities`."""
+    return _cute_arch(tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None)
+
+
 @functools.cache
 def capabilities() -> Capabilities:
     cuda = torch.cuda.is_available()

@@ -9,7 +9,7 @@ import torch
 
 import nvfp4lib
 from nvfp4lib import device
-from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, environment_report,
+from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, cute_arch, environment_report,
                              print_environment)
 
 
@@ -31,6 +31,7 @@ def test_capabilities_are_consistent():
         assert not caps.fp4_gemm and not caps.hw_e2m1
     if caps.fp4_gemm:
         assert caps.sm[0] >= 10, "FP4 GEMM is only probed on sm_100+"
+    assert cute_arch() == caps.cute_arch  # the kernels' target, without the probes
 
 
 def test_cute_arch_names():

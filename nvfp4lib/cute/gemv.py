@@ -25,11 +25,11 @@ from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
 from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
-                                  resolve_decode)
+                                  require_dsl, resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
                                ld_global_u16_if, ld_global_u32)
 from nvfp4lib.cute.whole_k import MAX_CHUNKS_PER_THREAD, WholeKConfig
-from nvfp4lib.device import capabilities
+from nvfp4lib.device import cute_arch
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
@@ -241,14 +241,13 @@ class CuteLaunch:
     plain call path). The standalone file's kernel; `CuteRunner` is the same call with every input validated."""
 
     def __init__(self, config, compile_at=()):
-        caps = capabilities()
-        self.arch, self.tvm_ffi = caps.cute_arch, has_tvm_ffi()
+        self.arch, self.tvm_ffi = cute_arch(), has_tvm_ffi()  # arch None: no CUDA GPU, nothing compiled now
         self._rule = config if callable(config) else lambda k: config
         self._by_k: dict[int, tuple] = {}  # K -> (config, compiled kernel)
-        self._cu_stream = cu_stream() if caps.cuda and not self.tvm_ffi else None  # the plain call path's stream
-        if caps.cuda and not callable(config):
+        self._cu_stream = cu_stream() if self.arch and not self.tvm_ffi else None  # the plain call path's stream
+        if self.arch and not callable(config):
             config.compiled(self.arch, None, self.tvm_ffi)
-        for k in compile_at if caps.cuda else ():
+        for k in compile_at if self.arch else ():
             self.kernel_for(k)
 
     def config_for(self, k: int):
@@ -291,8 +290,9 @@ class CuteRunner(CuteLaunch):
     of host time, no device work."""
 
     def __init__(self, config, compile_at=(), cache_entries: int = 4):
+        require_dsl()
         super().__init__(config, compile_at)
-        if capabilities().cuda and not self.tvm_ffi:
+        if self.arch and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)
         self._prepared = TupleCache(cache_entries)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
 from nvfp4lib.cute.ptx import DSL_PROBLEM, Float16, Int32, Int64, cute, cutlass
-from nvfp4lib.device import capabilities, tvm_ffi_problem
+from nvfp4lib.device import cute_arch, tvm_ffi_problem
 
 
 def _gmem_tensor(dtype, address, shape, stride, align: int):
@@ -59,12 +59,17 @@ def has_tvm_ffi() -> bool:
     return tvm_ffi_problem() is None
 
 
-def compile_target(arch: str | None = None) -> str:
-    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
-    Raises RuntimeError where the DSL cannot build the kernels or there is no target."""
+def require_dsl() -> None:
+    """Raise RuntimeError where the installed CuTe DSL cannot build the kernels (`ptx.DSL_PROBLEM`): the
+    check of every compile but a standalone file's, which has nothing checked."""
     if DSL_PROBLEM is not None:
         raise RuntimeError(DSL_PROBLEM)
-    arch = arch or capabilities().cute_arch
+
+
+def compile_target(arch: str | None = None) -> str:
+    """The target a CuTe kernel compiles for: `arch` (e.g. "sm_100a", "sm_90a"), or this GPU's.
+    Raises RuntimeError where there is none."""
+    arch = arch or cute_arch()
     if arch is None:
         raise RuntimeError("no target: pass arch='sm_100a' or 'sm_90a' to cross-compile without a GPU")
     return arch
@@ -111,11 +116,12 @@ def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
     from the folder, since releases before 4.4 load the compiled host code into a JIT engine after writing them,
     which raises on a machine without a CUDA driver: there the artifact is kept, and the error only if none was
     written."""
+    require_dsl()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}")
         except Exception:
-            if capabilities().cuda or not glob.glob(f"{tmp}/*.{kind}"):
+            if cute_arch() or not glob.glob(f"{tmp}/*.{kind}"):
                 raise
         written = glob.glob(f"{tmp}/*.{kind}")
         if len(written) != 1:

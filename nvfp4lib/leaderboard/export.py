@@ -18,7 +18,11 @@ the dispatcher's chooser: the file's path, then the rest of `paths.FALLBACK_ORDE
 can run here, builds and passes its self-check. With ``--standalone`` (`STANDALONE`) a file holds the
 path's kernel alone, built by the registry's `unchecked` builder: no validation, self-check or
 fallback, for a competitor to edit. `sections` reads a generated file's sections back.
-"""
+
+Rendering: statements keep their source, comments and layout (two blank lines between definitions).
+Each module's section opens with a rule and one line, its file and the first paragraph of its docstring
+(cut with " ..." to fit). In a ``--standalone`` file each docstring is one line, its first sentence
+(cut likewise): the full text is in the package. The file's header says so."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import importlib
 import importlib.util
 import inspect
 import os
+import re
 import symtable
 import sys
 import textwrap
@@ -57,7 +62,7 @@ class ExportError(RuntimeError):
 @dataclass(frozen=True)
 class ExportPath:
     """What `custom_kernel` runs: ``entry(data, **kwargs)``; or, with `candidates`, the kernel that
-    `runtime.choose_kernel` picks from those paths of nvfp4lib.paths, once, at import time."""
+    `runtime.choose_kernel` picks from those paths, once, at import."""
 
     entry: Callable
     summary: str
@@ -67,14 +72,10 @@ class ExportPath:
     standalone: bool = False  # `entry()` builds the kernel alone, nothing checked; the file declares NEEDS_CUDA
 
 
-def _family(name: str) -> str:
-    return name.split("_")[0]
-
-
 def _with_fallback(first: str | None = None) -> tuple[str, ...]:
-    """`first`, then the paths of paths.FALLBACK_ORDER that are not of its family (all of them
-    without `first`): the order the file tries at import."""
-    rest = tuple(p for p in FALLBACK_ORDER if first is None or _family(p) != _family(first))
+    """`first`, then the paths of paths.FALLBACK_ORDER that are not of its family (the name's first
+    word; all of them without `first`): the order the file tries at import."""
+    rest = tuple(p for p in FALLBACK_ORDER if first is None or p.split("_")[0] != first.split("_")[0])
     return ((first,) if first else ()) + rest
 
 
@@ -229,7 +230,7 @@ class _Module:
         if target is not None and target not in self.requires:
             self.requires.append(target)
 
-    def text(self, stmt: ast.stmt) -> tuple[str, list[tuple[str, str]]]:
+    def text(self, stmt: ast.stmt, brief: bool = False) -> tuple[str, list[tuple[str, str]]]:
         """The statement's source (with its decorators, the comment lines right above it and an
         attribute docstring right below), minus function-local nvfp4lib imports, which are
         returned as (module, name) pairs to inline instead."""
@@ -255,6 +256,10 @@ class _Module:
                         del lines[node.end_lineno + 1]
                     if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
+        if brief:  # --standalone: each docstring cut to its first sentence
+            docs = [n.body[0] for n in ast.walk(stmt) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
+            for doc in docs + [f for f in following if last == f.end_lineno and last > stmt.end_lineno]:
+                _shorten_docstring(lines, doc)
         return "\n".join(lines[n] for n in sorted(lines)), needed
 
     def _local_package_import(self, node) -> str | None:
@@ -274,6 +279,18 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
+def _shorten_docstring(lines: dict[int, str], doc: ast.Expr) -> None:
+    """Replace the docstring's lines by one: its first sentence, cut to the line (" ..." marks a cut)."""
+    text = " ".join(doc.value.value.split())
+    if doc.lineno == doc.end_lineno or "\\" in text or '"""' in text:
+        return  # already one line, or escapes that a rewrite could change
+    sentence = re.split(r"(?<=\.)\s+(?=[A-Z])", text)[0]
+    for n in range(doc.lineno + 1, doc.end_lineno + 1):
+        del lines[n]
+    indent = " " * doc.col_offset
+    lines[doc.lineno] = f'{indent}"""{textwrap.shorten(sentence, 114 - len(indent), placeholder=" ...")}"""'
+
+
 def _import_line(item: tuple) -> str:
     module, name, asname = item
     line = f"import {name}" if module is None else f"from {module} import {name}"
@@ -283,7 +300,8 @@ def _import_line(item: tuple) -> str:
 class _Inliner:
     """Collects the statements some nvfp4lib objects need, following names transitively."""
 
-    def __init__(self, reserved: tuple[str, ...] = ()):
+    def __init__(self, reserved: tuple[str, ...] = (), brief: bool = False):
+        self.brief = brief
         self.modules: dict[str, _Module] = {}
         self.taken: dict[str, dict[int, ast.stmt]] = {}  # module -> {id(stmt): stmt}, in order taken
         self.texts: dict[int, str] = {}  # id(stmt) -> its source as inlined
@@ -335,7 +353,7 @@ class _Inliner:
         if id(stmt) in taken:
             return
         taken[id(stmt)] = stmt
-        self.texts[id(stmt)], local_imports = mod.text(stmt)
+        self.texts[id(stmt)], local_imports = mod.text(stmt, self.brief)
         for target, original in local_imports:
             self.need(target, original, label)
         provided = bound | {original for _, original in local_imports}
@@ -377,9 +395,8 @@ class _Inliner:
             if not stmts:
                 continue
             mod = self.modules[module_name]
-            summary = textwrap.wrap(mod.docstring.split("\n\n")[0].replace("\n", " "), 94)
-            rule = f"# {'=' * 96}"
-            header = "\n".join([rule, f"# {mod.file}", *(f"# {line}" for line in summary), rule])
+            summary = " ".join(mod.docstring.split("\n\n")[0].split())
+            header = f"{RULE}\n" + textwrap.shorten(f"# {mod.file}: {summary}", 114, placeholder=" ...")
             body = ""
             for previous, stmt in zip([None] + stmts, stmts):
                 if previous is not None:  # simple statements one line apart, definitions two blank lines
@@ -393,10 +410,10 @@ class _Inliner:
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, str]:
+def inline_objects(objects: list, reserved: tuple[str, ...] = (), brief: bool = False) -> tuple[str, str]:
     """(imports, code): the source of nvfp4lib `objects` and of everything they use, module by
     module in import order. `reserved` are names the caller defines itself (clashes are errors)."""
-    inliner = _Inliner(reserved)
+    inliner = _Inliner(reserved, brief)
     for obj in objects:
         module = getattr(obj, "__module__", None)
         if not _is_package_module(module) or not hasattr(obj, "__name__"):
@@ -407,10 +424,6 @@ def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, 
 
 # ---------------------------------------------------------------------------------------------
 # The file
-
-
-def _literal_call(name: str, first: str, kwargs: dict) -> str:
-    return f"{name}({', '.join([first] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
 
 
 def _inlined_call(fn, what: str) -> tuple[Callable, str]:
@@ -439,12 +452,6 @@ def _candidate_table(candidates) -> tuple[list, list[str]]:
     return objects, lines
 
 
-def _path(name: str, standalone: bool = False) -> ExportPath:
-    if name not in EXPORTS:
-        raise ExportError(f"unknown path {name!r}; choose one of: {', '.join(EXPORTS)}")
-    return export_path(name, standalone)
-
-
 def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...] = (),
                   standalone: bool = False) -> str:
     """The text of a self-contained leaderboard file for `path` (one of `EXPORTS`; of `STANDALONE` with
@@ -453,7 +460,9 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
     `fail` names runtime paths of the file's fallback order that its self-check is to fail on
     purpose (to see the fallback work on a machine where every path would pass).
     """
-    spec = _path(path, standalone)
+    if path not in EXPORTS:
+        raise ExportError(f"unknown path {path!r}; choose one of: {', '.join(EXPORTS)}")
+    spec = export_path(path, standalone)
     kwargs = dict(spec.kwargs)
     if streams is not None:
         if "streams" not in kwargs:
@@ -474,7 +483,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         objects = [entry]
     else:
         objects = [spec.entry] + (table if spec.candidates else [describe_backend])
-    imports, code = inline_objects(objects, reserved=generated)
+    imports, code = inline_objects(objects, reserved=generated, brief=spec.standalone)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
@@ -487,6 +496,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         f"# Generated by nvfp4lib {nvfp4lib.__version__} with `{command}`.",
         "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
         f"# its file), then the generated entry point. It needs only {needs}.",
+        *(["# Its docstrings are cut to their first sentence; the full text is in nvfp4lib."] if standalone else []),
     ]
     if spec.standalone:
         setup = ["NEEDS_CUDA = True  # the local leaderboard skips this file where there is no CUDA GPU",
@@ -502,9 +512,9 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         call = "KERNEL(data)"
     else:
         setup = ["BACKEND = describe_backend()  # probes the machine now, not inside the first timed call"]
-        call = _literal_call(spec.entry.__name__, "data", kwargs)
+        call = f"{spec.entry.__name__}({', '.join(['data'] + [f'{k}={v!r}' for k, v in kwargs.items()])})"
     tail = [
-        f"# {'=' * 96}", ENTRY_POINT_TITLE, f"# {'=' * 96}", "",
+        RULE, ENTRY_POINT_TITLE, "",
         *setup, "", "",
         "def custom_kernel(data: input_t) -> output_t:",
         f'    """c[m, 0, l] = sum_k A * sfa * B[0] * sfb[0], written into c and returned ({path})."""',
@@ -537,9 +547,9 @@ def _check_self_contained(source: str, path: str) -> None:
 
 
 GENERATED = "header, imports, entry point"
-"""The name `sections` gives the generated parts of a file: its head (up to the first inlined
-module) and its tail (the leaderboard entry point)."""
+"""The name `sections` gives a file's head (up to the first inlined module) and tail (the entry point)."""
 ENTRY_POINT_TITLE = "# The leaderboard entry point"
+RULE = f"# {'=' * 96}"  # the first line of each section's header: a module's, then the entry point's
 
 
 class Section(NamedTuple):
@@ -548,16 +558,15 @@ class Section(NamedTuple):
 
 
 def sections(source: str) -> list[Section]:
-    """The sections of a file `export_source` wrote, in order: each inlined module under the file
-    named by its header, and `GENERATED` for the head and the tail. The line counts add up to the
-    file's; a module's count includes its 4-line header and the blank lines before the next one."""
-    rule = f"# {'=' * 96}"
+    """The sections of a file `export_source` wrote, in order: each inlined module under the file named by its
+    header, `GENERATED` for the head and the tail. The counts add up to the file's; a module's includes its
+    2-line header and the blank lines before the next one."""
     lines = source.splitlines()
     starts = [(0, GENERATED)]
     for i, line in enumerate(lines[:-1]):
-        if line == rule and lines[i + 1].startswith(f"# {PACKAGE}/"):
-            starts.append((i, lines[i + 1][2:].strip()))
-        elif line == rule and lines[i + 1] == ENTRY_POINT_TITLE:
+        if line == RULE and lines[i + 1].startswith(f"# {PACKAGE}/"):
+            starts.append((i, lines[i + 1][2:].split(":")[0]))
+        elif line == RULE and lines[i + 1] == ENTRY_POINT_TITLE:
             starts.append((i, GENERATED))
     ends = [start for start, _ in starts[1:]] + [len(lines)]
     return [Section(name, end - start) for (start, name), end in zip(starts, ends) if end > start]
@@ -568,10 +577,10 @@ PACKAGE_FOLDER = Path(nvfp4lib.__file__).resolve().parent
 
 def write_submission(path: str, out, *, streams: int | None = None, fail: tuple[str, ...] = (),
                      force: bool = False, standalone: bool = False) -> Path:
-    """Write the file for `path` to `out` and return where it went. Missing folders are created; an
-    existing file is replaced only with `force`, and only once the new text is complete (written to a
-    scratch file beside it, then renamed over it); a folder, a file where a folder should be, or a place
-    inside the package's own folder (the source the exporter reads) is an ExportError that says so."""
+    """Write the file for `path` to `out` and return where it went. Missing folders are created; an existing
+    file is replaced only with `force`, once the new text is complete (a scratch file beside it, renamed over
+    it); a folder, a file where a folder should be, or a place inside the package's own folder (the source the
+    exporter reads) is an ExportError that says so."""
     if str(out).endswith(("/", os.sep)) or Path(out).is_dir():
         raise ExportError(f"--out: {out} is a folder; name the file to write, e.g. {Path(out) / 'submission.py'}")
     out = Path(out)

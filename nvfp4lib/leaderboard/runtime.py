@@ -7,8 +7,7 @@ order, its own first, then the rest of `paths.FALLBACK_ORDER`, each given by the
 `fallback.first_working`'s, the function the dispatcher chooses with, so the file and
 `dispatch.custom_kernel` run the same kernel on one machine. It is made once: the file's
 ``KERNEL`` is the chosen kernel itself, and a later call that raises (an input the kernel refuses,
-say) leaves it chosen. When no path passes, ``KERNEL`` raises on every call, saying why.
-"""
+say) leaves it chosen. When no path passes, ``KERNEL`` raises on every call, saying why."""
 
 from __future__ import annotations
 
@@ -45,10 +44,8 @@ NO_PATH = "no path passed its self-check"
 
 def choose_kernel(paths: dict, fail=()) -> tuple[Callable, str]:
     """(``KERNEL``, ``BACKEND``) of an exported file: the first of `paths` (name -> (unavailable,
-    build), in order) that `first_working` accepts on this machine's device, and what it runs.
-
-    ``fail`` names paths to fail on purpose (the exporter's --fail-path), to see the fallback work.
-    """
+    build), in order) that `first_working` accepts on this machine's device, and what it runs. ``fail``
+    names paths to fail on purpose (the exporter's --fail-path), to see the fallback work."""
     caps = capabilities()
     device = "cuda" if caps.cuda else "cpu"
 

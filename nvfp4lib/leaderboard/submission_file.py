@@ -1,11 +1,9 @@
 """A one-file leaderboard submission as a file: its text, its directive line, the stand-in `task`
 module it imports its types from, and an import of it where nvfp4lib is out of reach.
 
-The local leaderboard (nvfp4lib.leaderboard.modes) reads files with `read_submission` and runs them
-in a process of their own (nvfp4lib.leaderboard.child) built on these pieces; `load_submission`
-imports one into this process for notebooks and tests. Both refuse nvfp4lib with the one guard,
-`child.refusal`.
-"""
+The local leaderboard (nvfp4lib.leaderboard.modes) reads files with `read_submission` and runs them in a
+process of their own (nvfp4lib.leaderboard.child) built on these pieces; `load_submission` imports one into
+this process for notebooks and tests. Both refuse nvfp4lib with the one guard, `child.refusal`."""
 
 from __future__ import annotations
 
