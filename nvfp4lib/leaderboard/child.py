@@ -125,6 +125,7 @@ class Runner:
         # the functions this runner relies on, taken before the submission can replace them
         self._write, self._readv, self._dumps = os.write, os.readv, json.dumps
         self._type, self._issubclass, self._str, self._getattr = type, issubclass, str, getattr
+        self._mmap = mmap.mmap
 
     # -- the wire
 
@@ -151,7 +152,7 @@ class Runner:
     def region(self, offset: int, nbytes: int):
         """`nbytes` of the shared file from byte `offset` (a multiple of the page size) as a uint8
         tensor with a storage of its own, the file's memory."""
-        return self.t.frombuffer(mmap.mmap(self.shared_fd, nbytes, offset=offset), dtype=self.t.uint8)
+        return self.t.frombuffer(self._mmap(self.shared_fd, nbytes, offset=offset), dtype=self.t.uint8)
 
     # -- requests
 
@@ -162,7 +163,7 @@ class Runner:
         self.t = types.SimpleNamespace(  # what the copies use, taken before the submission runs
             empty=torch.empty, frombuffer=torch.frombuffer, copy=base.copy_, detach=base.detach, set=base.set_,
             to=base.to, view=base.view, as_strided=base.as_strided, invert=base.bitwise_not_,
-            storage=base.untyped_storage, no_functions=torch._C.DisableTorchFunction,
+            storage=base.untyped_storage, nested=base.is_nested.__get__, no_functions=torch._C.DisableTorchFunction,
             no_modes=torch.utils._python_dispatch._disable_current_modes, set_stream=torch.cuda.set_stream,
             stream=torch.cuda.stream, strided=torch.strided, uint8=torch.uint8, tensor=torch.Tensor,
             dtypes={str(d): d for d in (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float16, torch.uint8)})
@@ -301,10 +302,9 @@ class Runner:
         if not self._issubclass(kind, t.tensor):
             return None
         record["tensor"], record["exact"] = True, kind is t.tensor
-        if not record["exact"]:
-            return None
-        if out.is_nested:  # a nested tensor has no sizes to read
+        if t.nested(out):  # a nested tensor (strided or jagged) has no sizes to read
             record["layout"] = "nested"
+        if not record["exact"] or record["layout"]:
             return None
         record.update(layout=self._str(out.layout), device=self._str(out.device), dtype=self._str(out.dtype),
                       shape=[int(n) for n in out.shape])

@@ -24,10 +24,10 @@ def output_problem(description: dict, c_shape, c_device: str) -> str | None:
     on c's device, sharing no input's memory, whose values were sent)."""
     if not description["tensor"]:
         return f"returned {description['type']}, expected the tensor c"
-    if not description["exact"]:
-        return f"returned a {description['type']} (a torch.Tensor subclass), expected a plain tensor like c"
     if description["layout"] == "nested":
         return "returned a nested tensor, expected a dense tensor like c"
+    if not description["exact"]:
+        return f"returned a {description['type']} (a torch.Tensor subclass), expected a plain tensor like c"
     if description["layout"] != "torch.strided":
         return f"returned a tensor with layout {description['layout']}, expected torch.strided (dense, as c)"
     if description["device"] != c_device:
