@@ -2,7 +2,10 @@
 run them without it, and how a test finds the processes a submission started by a marker in their
 command line (in a PID namespace of their own, the pids they see are not this process's)."""
 
+import contextlib
+import os
 import random
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,6 +31,16 @@ def running(mark: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def kill_marked(mark: str) -> None:
+    """End what a test's submission left running (without a sandbox, what left its session outlives it)."""
+    for pid in running(mark):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+needs_bwrap = pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap (bwrap), which CI installs")
 
 
 @pytest.fixture

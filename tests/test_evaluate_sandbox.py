@@ -29,13 +29,12 @@ from nvfp4lib.leaderboard.judge import TOLERANCE_RULE, too_fast
 from nvfp4lib.leaderboard.protocol import combine_seed
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE
 from nvfp4lib.problem import bytes_moved
-from tests.leaderboard_helpers import SANDBOXED, marker, no_sandbox, running  # noqa: F401 - a fixture
+from tests.leaderboard_helpers import SANDBOXED, marker, needs_bwrap, no_sandbox  # noqa: F401 - a fixture
 
 FIXTURES = Path(__file__).parent / "leaderboard_fixtures"
 SHAPE = Shape(128, 256, 1)
 CPU = not torch.cuda.is_available()
 BOUND_S = 180  # wall-clock bound of one evaluation here: only a hang passes it
-needs_bwrap = pytest.mark.skipif(not SANDBOXED, reason="needs bubblewrap (bwrap), which CI installs")
 GEMV = (FIXTURES / "fake_event.py").read_text().split("class InstantEvent")[0] + "gemv = custom_kernel\n"  # correct
 
 
