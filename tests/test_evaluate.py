@@ -25,7 +25,6 @@ from nvfp4lib.leaderboard.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS,
                                            stopping_rules)
 from nvfp4lib.locations import PACKAGE_DIR
 from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
-from nvfp4lib.leaderboard import child
 from nvfp4lib.leaderboard.process import Called, Output
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
 from tests.leaderboard_helpers import SANDBOXED, marker, running

@@ -29,7 +29,7 @@ from nvfp4lib.leaderboard.judge import TOLERANCE_RULE, too_fast
 from nvfp4lib.leaderboard.protocol import combine_seed
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE
 from nvfp4lib.problem import bytes_moved
-from tests.leaderboard_helpers import SANDBOXED, marker, needs_bwrap, no_sandbox  # noqa: F401 - a fixture
+from tests.leaderboard_helpers import SANDBOXED, marker, needs_bwrap
 
 FIXTURES = Path(__file__).parent / "leaderboard_fixtures"
 SHAPE = Shape(128, 256, 1)

@@ -67,10 +67,11 @@ class Clocks:
                                                        getattr(event, "elapsed_time", None))
         self.synchronize = getattr(c, "_cuda_synchronize", None)
         self._stream_of, self._device = getattr(c, "_cuda_getCurrentStream", None), getattr(c, "_cuda_getDevice", None)
-        self._stream = getattr(c, "_CudaStreamBase", None)
+        self._stream, self._lazy_init = getattr(c, "_CudaStreamBase", None), torch.cuda._lazy_init
 
     def current_stream(self):
         """The current CUDA stream of the current device, made from its id (as torch.cuda.current_stream does)."""
+        self._lazy_init()  # CUDA set up, if nothing has yet (a no-op after the first call)
         stream_id, index, kind = self._stream_of(self._device())
         return self._stream(stream_id=stream_id, device_index=index, device_type=kind)
 

@@ -24,7 +24,6 @@ process sent back, never by code running there.
 from __future__ import annotations
 
 import functools
-import math
 import time
 from pathlib import Path
 from typing import Callable
