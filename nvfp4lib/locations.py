@@ -8,6 +8,7 @@ nvfp4lib.bench.plots; ``NVFP4_FIGURES_DIR`` overrides both (tests write into a t
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -26,8 +27,11 @@ COMMIT_ENV_VAR = "NVFP4_COMMIT"  # the commit to record where the tree is a copy
 
 def checkout_commit() -> str:
     """The commit of this checkout (12 hex digits), so that a recorded result names the code that made it."""
-    if os.environ.get(COMMIT_ENV_VAR):
-        return os.environ[COMMIT_ENV_VAR][:12]
+    given = os.environ.get(COMMIT_ENV_VAR)
+    if given:
+        if not re.fullmatch(r"[0-9A-Za-z._+-]+", given):  # it lands in table cells and file names
+            raise ValueError(f"{COMMIT_ENV_VAR}: expected a commit (letters, digits, '.', '_', '+' or '-'), got {given!r}")
+        return given[:12]
     try:
         out = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
                              capture_output=True, text=True, timeout=10, check=True)

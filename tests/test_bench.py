@@ -3,6 +3,7 @@ import ast
 import itertools
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -281,9 +282,19 @@ class _FakeCuda:
             def elapsed_time(self, other):
                 return 0.002  # ms
 
+        class Clocks:  # what time_one_call reads its times with
+            perf_counter = staticmethod(time.perf_counter)
+            synchronize = staticmethod(lambda: self.log.append("synchronize"))
+            randn = staticmethod(lambda *shape, **kw: self.log.append("flush leaderboard"))
+            current_stream = staticmethod(lambda: "stream")
+            event = staticmethod(lambda: Event())
+            record = staticmethod(lambda event, stream: event.record())
+            elapsed_us = staticmethod(lambda start, end: start.elapsed_time(end) * 1e3)
+
         monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: self.log.append("synchronize"))
         monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(timing, "CLOCKS", Clocks)
         monkeypatch.setattr(timing, "flush_l2", lambda device=None, mode="dirty": self.log.append(f"flush {mode}"))
 
     def call(self):

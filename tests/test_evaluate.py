@@ -25,9 +25,9 @@ from nvfp4lib.leaderboard.evaluate import (BenchResult, CASES, CPU_MAX_ELEMENTS,
                                            stopping_rules)
 from nvfp4lib.locations import PACKAGE_DIR
 from nvfp4lib.problem import TEST_SHAPES, bytes_moved, generate_input
-from nvfp4lib.leaderboard import child
 from nvfp4lib.leaderboard.process import Called, Output
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, load_submission
+from tests.leaderboard_helpers import SANDBOXED, marker, running
 
 SHAPES = [Shape(128, 256, 1), Shape(256, 512, 2)]  # small, and one with two batches
 
@@ -332,34 +332,25 @@ def test_exit_at_import_is_a_failure(folder, reports):
     assert not report.cases and report.failures == [f"{folder / 'exits_at_import.py'}: importing it called sys.exit(0)"]
 
 
-def _running(pid: int) -> bool:
-    """Whether a process exists and is not a zombie (killed, waiting to be reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states from /proc")
 def test_hanging_call_is_killed_with_what_it_started(tmp_path):
-    pids = tmp_path / "pids"
+    mark = marker()
     kernel = f'''
-        import os
         import subprocess
 
         def custom_kernel(data: input_t) -> output_t:
-            helper = subprocess.Popen(["sleep", "600"])
-            open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{helper.pid}}")
+            subprocess.Popen(["sleep", "600.{mark}"])
+            print("started", flush=True)
             while True:
                 pass
     '''
     # The per-call timeout also bounds the import and the call's work before the loop (a process
-    # start, a file written): milliseconds, so 3 s leaves a busy machine room and the call still hangs.
+    # start, a line printed): milliseconds, so 3 s leaves a busy machine room and the call still hangs.
     report = evaluate(_write(tmp_path, "hangs", kernel), "test", shapes=SHAPES, timeout=3)
     assert len(report.cases) == 1
     assert report.cases[0].message == ("the call did not finish within 3 s (--timeout 3 s per call); "
                                        "the process was killed")
-    assert not any(_running(int(pid)) for pid in pids.read_text().split())
+    assert "started" in report.output and not running(mark)
 
 
 def test_time_limit_bounds_the_whole_evaluation(folder):
@@ -374,8 +365,10 @@ def test_time_limit_bounds_the_whole_evaluation(folder):
 
 
 # Every route to nvfp4lib that a submission might take, tried in the process submissions run in, and
-# what refuses it: the import guard's message, the file guard's, or (with Landlock) the kernel's.
+# what refuses it: the import guard's message, the file guard's, or (in the sandbox) an empty folder.
 NOT_IMPORTED, NOT_READ, DENIED = "No module named 'nvfp4lib'", "cannot read nvfp4lib's files", "Permission denied"
+# the sandbox's folders of the package are empty: found again (behind a link, or on a path put back), nothing is there
+NOT_THERE = ("No module named 'alias.contract'", "No module named 'nvfp4lib.contract'")
 ROUTES = {
     "import_module": ("importlib.import_module('nvfp4lib.reference')", NOT_IMPORTED),
     "find_spec": ("importlib.util.find_spec('nvfp4lib.reference')", NOT_IMPORTED),
@@ -398,7 +391,7 @@ ROUTES = {
         "os.symlink(PACKAGE_DIR, 'alias')\nsys.path.insert(0, os.getcwd())\n"
         "try:\n    importlib.import_module('alias.contract')\nfinally:\n    sys.path.pop(0)", NOT_READ),
 }
-# Routes past Python's guards: closed by Landlock where the kernel has it, open where it has not (as
+# Routes past Python's guards: closed by the sandbox (the package's folders are empty there), open without (as
 # --help says). Each raises if it could not read the file.
 KERNEL_ROUTES = {
     "directory_descriptor": "fd = os.open(os.path.dirname(PACKAGE_DIR), os.O_RDONLY | os.O_DIRECTORY)\n"
@@ -411,14 +404,16 @@ KERNEL_ROUTES = {
     "ctypes_open": "import ctypes\nfd = ctypes.CDLL(None, use_errno=True).open(\n"
                    "    os.path.join(PACKAGE_DIR, 'contract.py').encode(), 0)\n"
                    "if fd < 0:\n    raise PermissionError(os.strerror(ctypes.get_errno()))\nos.close(fd)",
-    "copied_then_imported": "shutil.copytree(PACKAGE_DIR, os.path.join(os.getcwd(), 'copy', 'nvfp4lib'))",
+    "copied_then_imported": "copy = os.path.join(os.getcwd(), 'copy', 'nvfp4lib')\n"
+                            "shutil.copytree(PACKAGE_DIR, copy)\n"
+                            "open(os.path.join(copy, 'contract.py')).close()",
 }
 
 
 def test_no_route_reaches_nvfp4lib(tmp_path):
     """Imports of any kind (at call time here: `reach` runs after the import), the module table, and
-    loading or reading the package's files by path; with Landlock also a directory descriptor,
-    another program, ctypes and a copy."""
+    loading or reading the package's files by path; in the sandbox also a directory descriptor,
+    another program, ctypes and a copy (its folders are empty there)."""
     files = {}
     for name, route in {**{n: r for n, (r, _) in ROUTES.items()}, **KERNEL_ROUTES}.items():
         body = textwrap.indent(route, "    ")
@@ -428,15 +423,16 @@ def test_no_route_reaches_nvfp4lib(tmp_path):
     results = import_isolated(files.values(), "submission.reach()")
     for name, (_, messages) in ROUTES.items():
         ok, value = results[str(files[name].resolve())]
-        assert not ok and any(m in value for m in (messages if isinstance(messages, tuple) else (messages,))), \
-            f"{name}: {value}"
-    landlock = child.landlock_abi() > 0
+        messages = messages if isinstance(messages, tuple) else (messages,)
+        assert not ok and any(m in value for m in messages + NOT_THERE * SANDBOXED), f"{name}: {value}"
     for name in KERNEL_ROUTES:
         ok, value = results[str(files[name].resolve())]
-        if landlock:
-            assert not ok and (DENIED in value or "Operation not permitted" in value), f"{name}: {value}"
+        if SANDBOXED:
+            assert not ok and "No such file" in value, f"{name}: {value}"
+        elif name == "copied_then_imported":  # copying opens the files with Python's open: its guard refuses
+            assert not ok and NOT_READ in value, f"{name}: {value}"
         else:
-            assert ok and value == "reached", f"{name}: {value} (the route --help names as open without Landlock)"
+            assert ok and value == "reached", f"{name}: {value} (the route --help names as open without a sandbox)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,44 +536,49 @@ ONLY_CALLS = {n: StoppingRule(max_calls=n, budget_s=1e9, min_wall_s=1e9) for n i
 BY_ERROR = StoppingRule(max_calls=50, budget_s=1e9, min_calls=3, min_wall_s=0.0, max_rel_err=1e9)  # 3 calls
 
 
-def _recording(log_path: Path) -> str:
-    """A correct kernel that appends its shape and its input's first bytes (a fingerprint) to `log_path`."""
-    return f'''
-        LOG = {str(log_path)!r}
+RECORDING = '''
+    def custom_kernel(data: input_t) -> output_t:
+        a = data[0]
+        print(f"CALL {a.shape[0]}x{2 * a.shape[1]}x{a.shape[2]} {fingerprint(a)}", flush=True)
+        return gemv(data)
 
-        def custom_kernel(data: input_t) -> output_t:
-            a = data[0]
-            with open(LOG, "a") as log:
-                log.write(f"{{a.shape[0]}}x{{2 * a.shape[1]}}x{{a.shape[2]}} {{fingerprint(a)}}\\n")
-            return gemv(data)
+    def fingerprint(t):
+        return t.view(torch.uint8).flatten()[:24].tolist()
+'''  # a correct kernel that prints its shape and its input's first bytes (a fingerprint) on every call
 
-        def fingerprint(t):
-            return t.view(torch.uint8).flatten()[:24].tolist()
-    '''
+
+def _calls(process: SubmissionProcess) -> list[str]:
+    """What RECORDING printed in `process` (once it is closed: all of it was read)."""
+    return [line[5:] for line in process.output.splitlines() if line.startswith("CALL ")]
 
 
 def _fingerprint(shape: Shape, seed: int) -> str:
-    """What `_recording` logs for the leaderboard's data of `shape` made with `seed` (computed here)."""
+    """What RECORDING prints for the leaderboard's data of `shape` made with `seed` (computed here)."""
     a = generate_input(*shape, seed=seed, mode="leaderboard")[0]
     return f"{shape.m}x{shape.k}x{shape.l} {a.view(torch.uint8).flatten()[:24].tolist()}"
 
 
-def _timed_mode(folder, name: str, kernel: str, mode: str, rule=ONLY_CALLS[4], warmup_rule=ONLY_CALLS[2], **kw):
+def _timed_mode(folder, name: str, kernel: str, mode: str, rule=ONLY_CALLS[4], warmup_rule=ONLY_CALLS[2], calls=None,
+                **kw):
+    """run_benchmarks of `kernel` on SHAPES; `calls` (a list) gets what RECORDING printed."""
     cpu = torch.device("cpu")
     with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
         assert process.load(_write(folder, name, kernel)).ok
-        return run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, mode=mode, rule=rule, warmup_rule=warmup_rule,
-                              **kw)
+        result = run_benchmarks(process, SHAPES, cpu, copy_gbps=100.0, mode=mode, rule=rule,
+                                warmup_rule=warmup_rule, **kw)
+    if calls is not None:
+        calls += _calls(process)
+    return result
 
 
 def test_benchmark_mode_warms_up_then_times_one_input_per_shape_and_reports_the_mean(tmp_path):
-    log = tmp_path / "calls.log"
-    rows, checks = _timed_mode(tmp_path, "recording", _recording(log), "benchmark")
+    calls = []
+    rows, checks = _timed_mode(tmp_path, "recording", RECORDING, "benchmark", calls=calls)
     assert all(c.ok for c in checks) and [c.case for c in checks] == ["benchmark data"] * 2
     assert [r.shape for r in rows] == SHAPES
     first, second = (_fingerprint(s, seed_of_benchmark(0, i)) for i, s in enumerate(SHAPES))
     # warm-up: a checked call and 2 timed calls on shape 0; then per shape a checked call and 4 timed calls
-    assert log.read_text().splitlines() == [first] * 3 + [first] * 5 + [second] * 5
+    assert calls == [first] * 3 + [first] * 5 + [second] * 5
     for r in rows:
         t = r.timing
         assert t.mode == "wall" and t.n == 4 and r.checked == 0
@@ -593,9 +594,8 @@ def test_benchmark_mode_stops_when_the_rule_says(folder):
 
 
 def test_ranked_mode_makes_a_new_input_with_a_new_seed_for_every_timed_call(tmp_path):
-    log = tmp_path / "calls.log"
-    secret = 99
-    rows, checks = _timed_mode(tmp_path, "recording", _recording(log), "ranked", secret_seed=secret)
+    calls, secret = [], 99
+    rows, checks = _timed_mode(tmp_path, "recording", RECORDING, "ranked", secret_seed=secret, calls=calls)
     assert all(c.ok for c in checks) and [c.case for c in checks] == ["ranked data"] * 2
     assert [(r.shape, r.timing.n, r.checked) for r in rows] == [(s, 4, 4) for s in SHAPES]
     expected = []
@@ -603,7 +603,7 @@ def test_ranked_mode_makes_a_new_input_with_a_new_seed_for_every_timed_call(tmp_
         seed = combine_seed(seed_of_benchmark(0, i), secret)  # the secret mixed in, then +13 before every call
         expected.append([_fingerprint(shape, seed + RANKED_SEED_STEP * k) for k in range(5)])
     warm_up = [expected[0][0]] * 3  # benchmark mode's calls on the first shape's input
-    assert log.read_text().splitlines() == warm_up + expected[0] + expected[1]
+    assert calls == warm_up + expected[0] + expected[1]
     assert len(set(expected[0] + expected[1])) == 10
 
 
@@ -686,16 +686,13 @@ def test_the_leaderboards_stopping_rules_and_their_caps():
 def test_the_secret_seed_changes_the_data_of_every_test_case(tmp_path):
     """The same cases with no secret, a secret, and the same secret again: the data changes with the
     secret, is repeatable with it, and is what harness.combine_seed gives."""
-    log = tmp_path / "calls.log"
     cpu, shape = torch.device("cpu"), SHAPES[0]
     runs = []
-    with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
-        assert process.load(_write(tmp_path, "recording", _recording(log))).ok
-        for secret in (None, 123456, 123456):
-            results = run_tests(process, [shape], cpu, seed=3, secret_seed=secret)
-            assert all(r.ok for r in results)
-            runs.append(log.read_text().splitlines())
-            log.unlink()
+    for secret in (None, 123456, 123456):
+        with SubmissionProcess(cpu, timeout=60, deadline=time.monotonic() + 600, time_limit=600) as process:
+            assert process.load(_write(tmp_path, "recording", RECORDING)).ok
+            assert all(r.ok for r in run_tests(process, [shape], cpu, seed=3, secret_seed=secret))
+        runs.append(_calls(process))
     plain, mixed, again = runs
     assert len(plain) == len(CASES) and not set(plain) & set(mixed) and mixed == again
     assert plain[0] == _fingerprint(shape, seed_of_test(3, 0, 0))
@@ -848,21 +845,6 @@ def test_an_argument_bad_only_with_the_others_is_a_usage_error_from_evaluate_its
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"FAILED: argument --secret-seed: expected none at all (use a smaller --seed): mixed into the seeds of "
         f"--seed {MAX_SEED_OPTION} a larger one passes 2**64 - 1, the largest generator seed; got 0")
-
-
-def test_the_supervision_is_entered_once_per_submission_process(folder, monkeypatch):
-    """Every call of an evaluation runs under one entry of the supervision (its process's), none after."""
-    from nvfp4lib.leaderboard.process import supervision
-
-    depths, call = [], SubmissionProcess.call
-
-    def recording(self, *args, **kwargs):
-        depths.append(supervision.depth)
-        return call(self, *args, **kwargs)
-
-    monkeypatch.setattr(SubmissionProcess, "call", recording)
-    report = evaluate(_write(folder, "correct", KERNELS["correct"]), "test", shapes=SHAPES[:1])
-    assert report.ok and depths == [1] * len(CASES) and supervision.depth == 0
 
 
 def test_the_scale_copies_are_checked_once_per_test_input_and_never_in_the_timed_modes(folder, monkeypatch):

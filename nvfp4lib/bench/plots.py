@@ -54,6 +54,9 @@ def resolve_small(small: bool | None) -> bool:
 
     The answer is remembered as the run's mode, so that the figures of this run go where a run of
     that mode belongs and the index records it."""
+    if small is not None and not isinstance(small, bool):  # papermill's -r (raw) gives "False", which is true
+        raise ValueError(f"small: expected True, False or None, got {small!r} (a {type(small).__name__}; pass "
+                         f"`-p small False` to papermill, not `-r`)")
     if small is None:
         from nvfp4lib.device import capabilities
 
@@ -102,10 +105,16 @@ def committed_device() -> str | None:
 def figure_destination() -> tuple[Path, str]:
     """(folder, why) for the figures of this run; see the module docstring for the rule."""
     override = os.environ.get(locations.FIGURES_ENV_VAR)
-    if override:
-        return Path(override).expanduser().resolve(), f"{locations.FIGURES_ENV_VAR} is set"
     device, committed = _device_name(), committed_device()
-    if _mode == "full" and device != "CPU" and committed in (None, device):
+    eligible = _mode == "full" and device != "CPU" and committed in (None, device)
+    if override:
+        folder = Path(override).expanduser().resolve()
+        if folder == locations.COMMITTED_FIGURES_DIR.resolve() and not eligible:
+            raise ValueError(f"{locations.FIGURES_ENV_VAR}: {override!r} is the committed figures' folder, which only "
+                             f"a full run on {committed or 'a GPU'} may write (this is a {_mode or 'undeclared'} run on "
+                             f"{device}); leave it unset, or point it elsewhere")
+        return folder, f"{locations.FIGURES_ENV_VAR} is set"
+    if eligible:
         return locations.COMMITTED_FIGURES_DIR, f"full run on {device}"
     run = f"{_mode} run" if _mode else "run of undeclared mode"
     return locations.BUILD_FIGURES_DIR, (f"{run} on {device}; the committed figures come from full runs on "

@@ -247,7 +247,15 @@ def write_profile(rows: list[dict], path) -> None:
 
 
 def _shape(text: str) -> Shape:
-    return Shape(*(int(v) for v in text.lower().split("x")))
+    """MxKxL as the problem's shapes are: M, L >= 1, K a positive multiple of 16 (else a usage error)."""
+    try:
+        shape = Shape(*(int(v) for v in text.lower().split("x")))
+    except (TypeError, ValueError):
+        shape = None
+    if shape is None or shape.m < 1 or shape.l < 1 or shape.k < 16 or shape.k % 16:
+        raise argparse.ArgumentTypeError(f"expected MxKxL with M, L >= 1 and K a positive multiple of 16, got "
+                                         f"{text!r}")
+    return shape
 
 
 def main(argv=None) -> int:

@@ -351,6 +351,14 @@ def _patterns(values: list[str] | None) -> list[str] | None:
     return [p for v in values for p in v.split(",") if p]
 
 
+def _not_a_folder(folder: Path) -> Path | None:
+    """The file in the way of `folder` (itself, or the nearest existing folder above it), if any."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
 def is_failure(row: dict) -> bool:
     """Whether a CSV row fails the run: a path that raised, or one of nvfp4lib's paths outside the
     leaderboard's tolerance at a benchmark shape. A peer outside it, or rounding at a sweep size
@@ -372,6 +380,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--list", action="store_true", help="list the paths, which run here and why not")
     args = parser.parse_args(argv)
+    blocked = _not_a_folder(args.out)
+    if blocked is not None:
+        parser.error(f"argument --out: expected a folder (for <device>.csv), but {blocked} is a file")
 
     paths, skipped = discover_paths()
     known = [p.name for p in paths] + [n for n, _ in skipped]

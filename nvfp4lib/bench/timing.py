@@ -23,7 +23,10 @@ The timed callable must do its GPU work on the current stream (or join any side 
 into it before returning): the CUDA events are recorded there.
 
 This module imports only the standard library and torch: the local leaderboard runs its source inside
-a submission's process (nvfp4lib.leaderboard.child), where nvfp4lib itself cannot be imported.
+a submission's process (nvfp4lib.leaderboard.child), where nvfp4lib itself cannot be imported, before
+the submission is imported. What `time_one_call` reads its times with (`CLOCKS`) is bound then, to
+torch's C entry points and the C clock: a file that later replaces `torch.cuda.Event`, its methods,
+`torch.cuda.synchronize`, `torch.randn` or `time.perf_counter` does not change the times taken.
 """
 from __future__ import annotations
 
@@ -47,6 +50,42 @@ CPU_BANDWIDTH_BYTES = 16 << 20    # default size of the bandwidth probes without
 GPU_BANDWIDTH_BYTES = 1 << 31     # 2 GiB: large enough that launch cost and L2 vanish
 
 _flush_buffers: dict[int, torch.Tensor] = {}
+
+
+class Clocks:
+    """The clock, the CUDA events and stream, the synchronize and the leaderboard's flush that a timed
+    call is made with, bound when this is made (the module makes `CLOCKS` when it is loaded) to
+    functions of torch's C extension and the C clock, never looked up again: replacing the Python
+    names (torch.cuda.Event and its elapsed_time, torch.cuda.current_stream, torch.randn,
+    time.perf_counter) afterwards changes nothing here. Without CUDA only the clock is there."""
+
+    def __init__(self):
+        c = torch._C
+        event = getattr(c, "_CudaEventBase", None)
+        self.perf_counter, self.randn = time.perf_counter, torch.randn
+        self._event, self._record, self._elapsed_ms = (event, getattr(event, "record", None),
+                                                       getattr(event, "elapsed_time", None))
+        self.synchronize = getattr(c, "_cuda_synchronize", None)
+        self._stream_of, self._device = getattr(c, "_cuda_getCurrentStream", None), getattr(c, "_cuda_getDevice", None)
+        self._stream, self._lazy_init = getattr(c, "_CudaStreamBase", None), torch.cuda._lazy_init
+
+    def current_stream(self):
+        """The current CUDA stream of the current device, made from its id (as torch.cuda.current_stream does)."""
+        self._lazy_init()  # CUDA set up, if nothing has yet (a no-op after the first call)
+        stream_id, index, kind = self._stream_of(self._device())
+        return self._stream(stream_id=stream_id, device_index=index, device_type=kind)
+
+    def event(self):
+        return self._event(enable_timing=True)
+
+    def record(self, event, stream) -> None:
+        self._record(event, stream)
+
+    def elapsed_us(self, start, end) -> float:
+        return self._elapsed_ms(start, end) * 1e3
+
+
+CLOCKS = Clocks()
 
 
 @dataclass
@@ -210,9 +249,9 @@ def _time_wall(fn: Callable[[], object], warmup: int, reps: int) -> Timing:
         fn()
     samples = []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        t0 = CLOCKS.perf_counter()
         fn()
-        samples.append((time.perf_counter() - t0) * 1e6)
+        samples.append((CLOCKS.perf_counter() - t0) * 1e6)
     return summarize("wall", samples)
 
 
@@ -286,31 +325,37 @@ def time_host_visible(fn: Callable[[], object], *, warmup: int = 10, reps: int =
 
 
 def time_one_call(fn: Callable[[], object], flush: str = "leaderboard",
-                  after_end: Callable[[object], object] | None = None) -> tuple[object, float]:
+                  after_end: Callable[[object], object] | None = None, stream=None) -> tuple[object, float]:
     """One call timed as the leaderboard times it -> (what `fn` returned, microseconds).
 
     Synchronize; enqueue the flush (no synchronize after it: the GPU is still busy with it when
-    the call is made); start event; the call; end event; synchronize. Wall clock without CUDA.
-    `after_end(output)`, if given, runs right after the end event is recorded and before the
-    synchronize: work it enqueues on the current stream is ordered after the call, as the public
-    harness's check of the output is."""
-    if not torch.cuda.is_available():
-        t0 = time.perf_counter()
+    the call is made); start event; the call; end event; synchronize. The events are recorded on
+    `stream` (default: the current stream); wall clock without CUDA (and without `stream`). All of
+    it through `CLOCKS`. `after_end(output)`, if given, runs right after the end event is recorded
+    and before the synchronize: work it enqueues on the current stream is ordered after the call,
+    as the public harness's check of the output is."""
+    clocks = CLOCKS
+    if stream is None and not torch.cuda.is_available():
+        t0 = clocks.perf_counter()
         out = fn()
-        us = (time.perf_counter() - t0) * 1e6
+        us = (clocks.perf_counter() - t0) * 1e6
         if after_end is not None:
             after_end(out)
         return out, us
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    flush_l2(mode=flush)
-    start.record()
+    stream = clocks.current_stream() if stream is None else stream
+    clocks.synchronize()
+    start, end = clocks.event(), clocks.event()
+    if flush == "leaderboard":  # flush_l2's "leaderboard" mode, through the randn bound in CLOCKS
+        clocks.randn(LEADERBOARD_FLUSH_SHAPE, device="cuda")
+    else:
+        flush_l2(mode=flush)
+    clocks.record(start, stream)
     out = fn()
-    end.record()
+    clocks.record(end, stream)
     if after_end is not None:
         after_end(out)
-    torch.cuda.synchronize()
-    return out, start.elapsed_time(end) * 1e3
+    clocks.synchronize()
+    return out, clocks.elapsed_us(start, end)
 
 
 def leaderboard_time(fn: Callable[[], object], rule: StoppingRule = BENCHMARK_RULE, *,
@@ -326,11 +371,11 @@ def leaderboard_time(fn: Callable[[], object], rule: StoppingRule = BENCHMARK_RU
     input, a check that raises on a wrong result; an exception ends the timing). No warm-up
     call is made here: the leaderboard's first, checked call (and its warm-up benchmark) come
     before. `flush` other than "leaderboard" is for experiments; `time_call` and `clock` (the
-    wall clock of the rule, default time.perf_counter) can be replaced, e.g. by fakes in tests."""
+    wall clock of the rule, default CLOCKS.perf_counter) can be replaced, e.g. by fakes in tests."""
     if flush not in FLUSH_MODES:
         raise ValueError(f"flush: expected one of {FLUSH_MODES}, got {flush!r}")
     timed = time_call or (lambda f: time_one_call(f, flush))
-    clock = clock or time.perf_counter
+    clock = clock or CLOCKS.perf_counter
     samples: list[float] = []
     started = clock()
     while True:

@@ -15,19 +15,20 @@ The names the workbook's notebooks and tests import from here are those of the m
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 
-from nvfp4lib.leaderboard.child import LANDLOCK_ENV_VAR
 from nvfp4lib.leaderboard.modes import (CALL_TIMEOUT_S, CHECK_CASES, TIME_LIMIT_S, TIMED_CASES, CheckFailed,
                                         evaluate, import_isolated, is_b200, run_benchmarks, run_case, run_tests)
-from nvfp4lib.leaderboard.process import (OUTPUT_PREFIX, EvaluationInterrupted, SubmissionProcess,
+from nvfp4lib.leaderboard.process import (BWRAP_ENV_VAR, OUTPUT_PREFIX, EvaluationInterrupted, SubmissionProcess,
                                           SubmissionProcessEnded)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_GENERATOR_SEED, MAX_SECONDS,
                                            MAX_SEED_OPTION, MODES, PHASES, RANKED_SEED_STEP, TIMED, TIMED_PHASES,
                                            BadArgument, check_integer, check_seconds, check_secret_seed,
                                            combine_seed, data_seed, seed_of_benchmark, seed_of_test, stopping_rules)
 from nvfp4lib.leaderboard.report import (EXIT_CODES, EXIT_FAILED, EXIT_USAGE, BenchResult, CaseResult, Report,
-                                         format_bench_table)
+                                         format_bench_table, shown_path)
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE, SubmissionError, read_submission
 from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import TEST_SHAPES
@@ -41,51 +42,50 @@ __all__ = ["BadArgument", "BenchResult", "CALL_TIMEOUT_S", "CASES", "CHECK_CASES
            "run_tests", "seed_of_benchmark", "seed_of_test", "stopping_rules"]
 
 ISOLATION = f"""\
-What is checked: each mode's file runs in a fresh Python process of its own, in an empty folder,
-with its own pipes for stdout and stderr (shown with --show-output, each line prefixed
-{OUTPUT_PREFIX.strip()!r}). This process makes the inputs, hands the kernel a copy of them, and
+What is checked: each mode's file runs in a fresh Python process of its own, with its own pipes
+for stdout and stderr (shown with --show-output, each line prefixed {OUTPUT_PREFIX.strip()!r}). This
+process makes the inputs (the secret seed never leaves it), hands the kernel a copy of them, and
 judges what it reads back: the output (its kind, and its values as copied on the caller's stream
 right after the call, as the public harness checks them, into memory allocated before the call so
 that nothing in between waits for the device; a value that differs in a second copy, made once
 the device is idle, is work that stream never waited for, e.g. on a side stream not joined before
-the return: a FAIL), and the inputs after the call (their bytes compared here: a, b, sfa, sfb,
-sfa_permuted and sfb_permuted are read-only). Every answer of the
-submission's process is checked field by field before it is used; anything else (garbage, a
-forgery of the wrong form, too much, too deep, not UTF-8, out of turn, a closed pipe) is a FAIL
-that names it. Every wait has a deadline: --timeout per call (its import counting as one), and
---time-limit for the whole evaluation (absolute: its processes are killed when it is reached).
-Every way a submission can fail ends in a FAIL: an exception, sys.exit or os._exit at import or
-in a call, a crash or signal, an overrun, an output of the wrong type, subclass, layout, device,
-dtype or shape or sharing an input's memory, wrong or unwritten or stale values, changed inputs.
-A missing file, a folder, a FIFO, a file that is not UTF-8 or not .py fails without running.
+the return: a FAIL), and the inputs after the call (their bytes, read here from memory the two
+processes share, compared with this process's own copy: a, b, sfa, sfb, sfa_permuted and
+sfb_permuted are read-only). Calls are timed with clocks bound to torch's C functions before the
+file is imported; a time below the bytes the call moves at the copy bandwidth measured here, or
+(benchmark mode) a run that this process's clock says took much longer than its times and the
+timing's own cost, is a FAIL. Every answer of the submission's process is checked field by field
+before it is used; anything else (garbage, a forgery of the wrong form, too much, too deep, not
+UTF-8, out of turn, a closed pipe) is a FAIL that names it. Every wait has a deadline: --timeout
+per call (its import counting as one), and --time-limit for the whole evaluation (absolute: its
+processes are killed when it is reached). Every way a submission can fail ends in a FAIL: an
+exception, sys.exit or os._exit at import or in a call, a crash or signal, an overrun, an output of
+the wrong type, subclass, layout, device, dtype or shape or sharing an input's memory, wrong or
+unwritten or stale values, changed inputs. A missing file, a folder, a FIFO, a file that is not
+UTF-8 or not .py fails without running.
 
-What is closed off: {PACKAGE} cannot be imported in the submission's process (by any import
-route: its folders are off sys.path, a finder refuses its name), and Python's opening of a file in
-its folders is refused (this checkout's, and any other the import system there would load it
-from, e.g. an editable install). Where the kernel has Landlock (Linux 5.13+; the evaluation's first
-lines say whether it was used), those folders are also out of reach of the file system calls of
-that process and of every process it starts: no route (a directory descriptor with
-os.open(..., dir_fd=...), ctypes, another program) can read, list, run or change anything in them;
-and with Landlock ABI 6 (Linux 6.12+) none of them can send a signal to the evaluator. Without
-Landlock (or with {LANDLOCK_ENV_VAR}=off, to see what such a machine gets), a file determined
-to read the package's files can: the guards are Python's own. This process is a child subreaper
-while it evaluates: every process the submission starts (also one that calls setsid() or whose
-parent exits) is killed before the verdict is printed, and none of them holds this process's
-stdout or stderr. It is non-dumpable meanwhile (other processes of the user cannot open its /proc
-files or trace it). A signal that would end it (SIGTERM, SIGHUP, SIGINT, SIGUSR1, ...) ends the
-evaluation with a FAILED verdict instead.
+What is closed off: under bubblewrap (`bwrap` on PATH, or {BWRAP_ENV_VAR}=/path/to/bwrap; the
+evaluation's first lines say which isolation it ran under) the submission and every process it
+starts run in PID and network namespaces of their own, without capabilities, on a read-only view
+of the file system (site-packages and {PACKAGE} too) with an empty /tmp of their own, no /run, and
+{PACKAGE}'s folders empty: they cannot see, signal, limit or read this process (its command line,
+environment and memory), write anything outside their /tmp, or reach the network; orphans are
+reaped inside, and all of them end when the submission's process ends (or this one dies), before
+the verdict. In any case {PACKAGE} cannot be imported in the submission's process (its folders
+are off sys.path, a finder refuses its name, Python's opening of its files is refused). A signal
+that would end this process (SIGTERM, SIGHUP, SIGINT, ...) ends the evaluation with a FAILED
+verdict instead.
 
-What is NOT isolated: this is not a sandbox. The submission runs with your permissions: it can
-read and write your other files (other copies of {PACKAGE} too: a git checkout's objects, other
-clones), use the network, and fill the disk or memory. Timings are measured in the submission's
-process, as on the leaderboard, so a file that replaces the timing code there can report other
-times (they are checked against this process's clock only), and one that replaces what copies
-its output and inputs out can misreport them. Without Landlock ABI 6 it can signal this process:
-SIGKILL and SIGSTOP cannot be caught (a stopped evaluator waits until it is continued), nor can
-the fault signals (SIGSEGV, SIGBUS, SIGILL, SIGFPE). It can open a terminal by name and write to
-it, and reach processes started outside this process's tree (e.g. through a service). A process
-the kernel cannot kill yet (stuck in a driver call) is named, not waited for. Evaluate only code
-you would run yourself.
+What is NOT isolated: without bubblewrap ({BWRAP_ENV_VAR}=off, or where it cannot run) there is
+no sandbox: the guards are Python's own, and the submission's processes can read {PACKAGE}'s files
+by other routes (os.open(..., dir_fd=...), ctypes, another program), write to site-packages,
+signal, limit or read this process, use the network, and outlive the evaluation by leaving its
+session. Even under bubblewrap the submission runs with your user's rights to read: your other
+files, other copies of {PACKAGE} (a git checkout's objects, other clones); it can fill the memory
+and start processes without bound. Inside its process it can change anything, the evaluator's own
+code there too: its times are then held only against the floor and this process's clock, and on
+a GPU the inputs' bytes come back through that process. A process the kernel cannot kill yet
+(stuck in a driver call) is named, not waited for. Evaluate only code you would run yourself.
 
 {EXIT_CODES}"""
 
@@ -122,8 +122,9 @@ def main(argv=None) -> int:
                              "both = test and benchmark (default); all = test, benchmark and ranked")
     parser.add_argument("--seed", type=_cli(lambda v: check_integer("seed", v, 0, MAX_SEED_OPTION), int), default=0,
                         help=f"seed of the generated inputs, 0 to {MAX_SEED_OPTION} (default 0)")
-    parser.add_argument("--secret-seed", type=_cli(lambda v: check_integer("secret_seed", v, 0), int), metavar="N",
-                        help="mixed into every seed as the leaderboard mixes its secret seed (default: none)")
+    parser.add_argument("--secret-seed", type=_cli(lambda v: check_integer("secret_seed", v, 0), _secret),
+                        metavar="N", help="mixed into every seed as the leaderboard mixes its secret seed (default: "
+                                          "none); - reads it from stdin, so that it is not on this command line")
     parser.add_argument("--reps", type=_cli(lambda v: check_integer("reps", v, 1, 10**6), int),
                         help="at most this many timed calls per benchmark shape, 1 to 1000000 (default: the "
                              f"leaderboard's stopping rule alone decides, at most {TIMED['benchmark'].rule.max_calls} "
@@ -142,16 +143,40 @@ def main(argv=None) -> int:
                         help=f"show what the submission writes to stdout and stderr, each line prefixed "
                              f"{OUTPUT_PREFIX.strip()!r} (always before the verdict)")
     args = parser.parse_args(argv)
+    out = _Stdout()
     try:
         report = evaluate(args.file, args.mode, seed=args.seed, secret_seed=args.secret_seed,
                           all_shapes=args.all_shapes, reps=args.reps, timeout=args.timeout,
-                          time_limit=args.time_limit, show_output=args.show_output, log=print)
+                          time_limit=args.time_limit, show_output=args.show_output, log=out)
     except BadArgument as err:  # checked by `evaluate` before it starts: --secret-seed's bound depends on the others
         parser.error(f"argument --{err.name.replace('_', '-')}: {err.detail}")
     except Exception as err:  # noqa: BLE001 - a fault of the evaluator itself still ends in one FAILED line
-        print(f"FAILED: the evaluator itself failed ({describe_error(err, 500)}); no verdict on {args.file}")
+        out(f"FAILED: the evaluator itself failed ({describe_error(err, 500)}); no verdict on {shown_path(args.file)}")
         return EXIT_FAILED
+    if out.lost is not None and out.lost.errno != errno.EPIPE:  # a closed pipe (| head) was meant
+        print(f"the lines of the evaluation could not be written to stdout ({out.lost.strerror}); exit code "
+              f"{report.exit_code} is the verdict's ({report.verdict})", file=sys.stderr)
     return report.exit_code
+
+
+def _secret(text: str) -> int:
+    """--secret-seed's number; "-": the first line of stdin."""
+    return int(sys.stdin.readline() if text == "-" else text)
+
+
+class _Stdout:
+    """Each line to stdout at once. Once stdout takes no more (a pipe closed by `| head`, a full
+    disk), the evaluation goes on unseen: stdout is pointed at the null device, so nothing is left
+    to fail at exit, and `lost` keeps the error."""
+    lost: OSError | None = None
+
+    def __call__(self, line: str) -> None:
+        if self.lost is None:
+            try:
+                print(line, flush=True)
+            except OSError as err:
+                self.lost = err
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

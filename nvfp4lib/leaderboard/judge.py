@@ -1,7 +1,8 @@
 """The verdict on a call, decided in the evaluator from what it read back from the submission's
 process: the output's kind, whether it was finished when the call returned (on the caller's
-stream), whether the inputs changed (their bytes compared here), and its values against
-nvfp4lib.reference. Nothing here runs in, or takes a judgement from, the submission's process.
+stream), whether the inputs changed (their bytes compared here), its values against
+nvfp4lib.reference, and whether a time it sent is one a device can take (`too_fast`). Nothing
+here runs in, or takes a judgement from, the submission's process.
 """
 
 from __future__ import annotations
@@ -11,7 +12,11 @@ import torch
 from nvfp4lib.contract import Shape
 from nvfp4lib.leaderboard.process import Called, Output, Timed
 from nvfp4lib.leaderboard.report import CaseResult
-from nvfp4lib.reference import check
+from nvfp4lib.problem import bytes_moved
+from nvfp4lib.reference import TOLERANCE, check
+
+# the leaderboard's atol and rtol, as reference.check applies them (ref: the exact product)
+TOLERANCE_RULE = f"|out - ref| <= {TOLERANCE:g} + {TOLERANCE:g} * |ref| per element of the fp16 output"
 
 
 def output_problem(description: dict, c_shape, c_device: str) -> str | None:
@@ -19,6 +24,8 @@ def output_problem(description: dict, c_shape, c_device: str) -> str | None:
     on c's device, sharing no input's memory, whose values were sent)."""
     if not description["tensor"]:
         return f"returned {description['type']}, expected the tensor c"
+    if description["layout"] == "nested":
+        return "returned a nested tensor, expected a dense tensor like c"
     if not description["exact"]:
         return f"returned a {description['type']} (a torch.Tensor subclass), expected a plain tensor like c"
     if description["layout"] != "torch.strided":
@@ -82,7 +89,7 @@ def judge(called: Called, data, shape: Shape, case: str, earlier=()):
         why = changed_inputs(called.changed) + ("" if result.ok else "; the result is wrong too")
         return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
     if result.ok:
-        return CaseResult(shape, case, True, result.message), copy
+        return CaseResult(shape, case, True, f"{result.message}; {TOLERANCE_RULE}"), copy
     n_nan = int(torch.isnan(copy).sum())
     if n_nan:
         why = (f"unwritten output: {n_nan} of {copy.numel()} elements still hold the NaN that c was "
@@ -95,14 +102,29 @@ def judge(called: Called, data, shape: Shape, case: str, earlier=()):
     return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
 
 
-def timed_problem(timed: Timed, c_shape) -> str | None:
-    """What is wrong with benchmark mode's timed calls (None if nothing): the kernel's error, or the
-    first call whose output was not a tensor like c or was not finished when the call returned."""
+def too_fast(samples_us, shape: Shape, copy_gbps: float, name=lambda i: f"timed call {i}") -> str | None:
+    """The first time below the floor no device goes under (None if none is): the bytes the call
+    must move at the copy bandwidth measured here. `name(i)` names the i-th call (from 1)."""
+    nbytes = bytes_moved(shape)
+    floor_us = nbytes / copy_gbps / 1e3
+    for i, us in enumerate(samples_us, 1):
+        if us < floor_us:
+            return (f"{name(i)}: {us:.3g} us, below the floor of {floor_us:.3g} us (the {nbytes} bytes it must "
+                    f"move at the {copy_gbps:.0f} GB/s copy bandwidth measured here): no device moves them that "
+                    f"fast, so the time was not measured honestly")
+    return None
+
+
+def timed_problem(timed: Timed, shape: Shape, copy_gbps: float) -> str | None:
+    """What is wrong with benchmark mode's timed calls (None if nothing): the kernel's error, the
+    first call whose output was not a tensor like c or was not finished when the call returned, or
+    a time below the floor (`too_fast`)."""
     if timed.error is not None:
         return timed.error
+    c_shape = (shape.m, 1, shape.l)
     for i, output in enumerate(timed.outputs, 1):
         problem = (output_problem(output.description, c_shape, timed.device)
                    or unordered_work(output, timed.device))
         if problem:
             return f"timed call {i}: {problem}"
-    return None
+    return too_fast(timed.samples_us, shape, copy_gbps)

@@ -7,23 +7,23 @@ runs a mode's phases (each in a fresh process) and gives the verdict.
   tensors) so a result cached from an earlier call is caught.
 * benchmark: a warm-up benchmark of the first shape (not reported), then per benchmark shape one
   checked call and leaderboard time (nvfp4lib.bench.timing.leaderboard_time, run in the
-  submission's process: the leaderboard's flush enqueued right before each call) on that one
-  input, until the leaderboard's stopping rule says stop. Each timed call's output is copied on the
-  caller's stream right after the call: work that stream never waited for is a failure, not a
-  shorter time.
+  submission's process with clocks bound before its import: the leaderboard's flush enqueued right
+  before each call) on that one input, until the leaderboard's stopping rule says stop. Each timed
+  call's output is copied on the caller's stream right after the call: work that stream never
+  waited for is a failure, not a shorter time. A time below what moving the call's bytes at the
+  copy bandwidth takes, or a run these times leave unexplained by this process's clock, fails.
 * ranked: what the leaderboard calls its "leaderboard" mode. As benchmark mode, but before every
   timed call a new input with the seed advanced by RANKED_SEED_STEP, made here and passed to the
   submission's process untimed; that process times the call and every result is checked here;
   the first failing shape ends the mode.
 
-Every output is judged here (nvfp4lib.leaderboard.judge) from what the submission's process sent
-back, never by code running there.
+Every output and every time is judged here (nvfp4lib.leaderboard.judge) from what the submission's
+process sent back, never by code running there.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import time
 from pathlib import Path
 from typing import Callable
@@ -33,14 +33,14 @@ import torch
 from nvfp4lib.bench.timing import (StoppingRule, copy_bandwidth_gbps, gbps, leaderboard_time, percent, summarize)
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.leaderboard.judge import judge, timed_problem
+from nvfp4lib.leaderboard.judge import judge, timed_problem, too_fast
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
                                           signals_as_failures)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
                                            RANKED_SEED_STEP, TIMED, TIMED_PHASES, BadArgument, check_integer,
                                            check_seconds, check_secret_seed, data_seed, seed_of_benchmark,
                                            seed_of_test, stopping_rules)
-from nvfp4lib.leaderboard.report import BenchResult, CaseResult, Report, format_bench_table, shape_text
+from nvfp4lib.leaderboard.report import BenchResult, CaseResult, Report, format_bench_table, shape_text, shown_path
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, SubmissionError, has_directive, read_submission
 from nvfp4lib.layouts import check_scale_copies
 from nvfp4lib.problem import B200_SPEED_OF_LIGHT_US, BENCHMARK_SHAPES, TEST_SHAPES, bytes_moved, generate_input
@@ -61,27 +61,19 @@ def _device() -> torch.device:
 
 
 def import_isolated(paths, expression: str = "submission.custom_kernel.__name__", timeout: float = TIME_LIMIT_S):
-    """Import each file in the kind of process `evaluate` runs submissions in (nvfp4lib out of
-    reach; one process for all the files while none ends it) and evaluate `expression` there with
-    the module bound to `submission` -> {path: (ok, value or error)}. `timeout` bounds the whole run."""
-    paths = [str(Path(p).resolve()) for p in paths]
+    """Import each file in a fresh process of the kind `evaluate` runs submissions in (nvfp4lib out
+    of reach; none sees what an earlier file did) and evaluate `expression` there with the module
+    bound to `submission` -> {path: (ok, value or error)}. `timeout` bounds the whole run."""
     deadline = time.monotonic() + check_seconds("timeout", timeout)
-    results, process = {}, None
-    try:
-        for path in paths:
-            try:
-                source = read_submission(path)
-                if process is None or process.ended:
-                    if process is not None:
-                        process.close()
-                    process = SubmissionProcess(_device(), timeout, deadline, timeout)
+    results = {}
+    for path in (str(Path(p).resolve()) for p in paths):
+        try:
+            source = read_submission(path)
+            with SubmissionProcess(_device(), timeout, deadline, timeout) as process:
                 loaded = process.load(path, expression, source)
-                results[path] = (True, loaded.value) if loaded.ok else (False, loaded.error)
-            except (SubmissionError, SubmissionProcessEnded) as err:
-                results[path] = (False, str(err))
-    finally:
-        if process is not None:
-            process.close()
+            results[path] = (True, loaded.value) if loaded.ok else (False, loaded.error)
+        except (SubmissionError, SubmissionProcessEnded) as err:
+            results[path] = (False, str(err))
     return results
 
 
@@ -139,14 +131,16 @@ def _timed_in_process(process: SubmissionProcess, rule: StoppingRule, c_shape) -
         return Timed(error=str(err))
 
 
-def _ranked_calls(process: SubmissionProcess, shape: Shape, seed: int, device, rule: StoppingRule, first_output):
+def _ranked_calls(process: SubmissionProcess, shape: Shape, seed: int, device, rule: StoppingRule, first_output,
+                  copy_gbps: float):
     """Ranked mode's timed calls at one shape -> (Timing or None, CaseResult of a failure or None,
     results checked).
 
     Before every call a new input with the seed advanced by RANKED_SEED_STEP is made here and its c
     poisoned; the submission's process gets it (untimed) and times the call on a copy
-    (bench.time_one_call); its result is judged here against the untouched input, as in test mode.
-    `first_output` is the checked call's output, to name a result cached from it as stale."""
+    (bench.time_one_call); its result is judged here against the untouched input, as in test mode,
+    and its time against the floor (judge.too_fast). `first_output` is the checked call's output,
+    to name a result cached from it as stale."""
     current = {"seed": seed, "calls": 0}
     earlier = [first_output]  # the previous call's correct output: returned for a new input, it was cached
 
@@ -162,8 +156,11 @@ def _ranked_calls(process: SubmissionProcess, shape: Shape, seed: int, device, r
     def check_result(called):
         current["calls"] += 1
         result, copy = judge(called, current["data"], shape, TIMED_CASES["ranked"], earlier)
-        if not result.ok:
-            raise CheckFailed(f"timed call {current['calls']} (seed {current['seed']}): {result.message}")
+        named = f"timed call {current['calls']} (seed {current['seed']})"
+        problem = (f"{named}: {result.message}" if not result.ok
+                   else too_fast([called.us], shape, copy_gbps, lambda i: named))
+        if problem:
+            raise CheckFailed(problem)
         earlier[:] = [copy]
 
     try:
@@ -185,7 +182,7 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
     a new input and leaderboard time under `rule` (default: the mode's). Benchmark mode times
     custom_kernel on that input again and again in its process; ranked mode gives it a new input
     before every call and checks every result (`_ranked_calls`), and its first failing shape ends
-    the run."""
+    the run. A time below the floor of `copy_gbps` (judge.too_fast) fails its shape."""
     if mode not in TIMED_PHASES:
         raise BadArgument("mode", f"expected one of {TIMED_PHASES}, got {mode!r}")
     ranked = TIMED[mode].ranked
@@ -199,7 +196,7 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
                               device=device)
         warm, _ = run_case(process, data, shapes[0], "warm-up benchmark")
         timed = _timed_in_process(process, warmup_rule, data.c.shape) if warm.ok else None
-        problem = warm.message if timed is None else timed_problem(timed, data.c.shape)
+        problem = warm.message if timed is None else timed_problem(timed, shapes[0], copy_gbps)
         if problem:
             checks.append(CaseResult(shapes[0], "warm-up benchmark", False, problem))
             say(checks[-1].line())
@@ -211,24 +208,21 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
         result, output = run_case(process, data, shape, CHECK_CASES[mode])
         timing, checked = None, 0
         if result.ok and ranked:
-            timing, failure, checked = _ranked_calls(process, shape, shape_seed, device, rule, output)
+            timing, failure, checked = _ranked_calls(process, shape, shape_seed, device, rule, output, copy_gbps)
             result = failure or result
         elif result.ok:
             timed = _timed_in_process(process, rule, data.c.shape)
-            problem = timed_problem(timed, data.c.shape)
+            problem = timed_problem(timed, shape, copy_gbps)
             if problem:
                 result = CaseResult(shape, TIMED_CASES[mode], False, problem)
             else:
                 timing = summarize(kind, timed.samples_us)
         checks.append(result)
         say(result.line())
-        if timing is not None:
-            fast = timing.mean_us <= 0  # below the clock's resolution
-            bw = math.inf if fast else gbps(bytes_moved(shape), timing.mean_us)
-            sol = B200_SPEED_OF_LIGHT_US.get(shape)
+        if timing is not None:  # every time above the floor: the mean is positive
+            bw, sol = gbps(bytes_moved(shape), timing.mean_us), B200_SPEED_OF_LIGHT_US.get(shape)
             rows.append(BenchResult(shape, timing, bw, percent(bw, copy_gbps),
-                                    (math.inf if fast else percent(sol, timing.mean_us)) if b200 and sol else None,
-                                    checked))
+                                    percent(sol, timing.mean_us) if b200 and sol else None, checked))
         if process.ended or (ranked and not result.ok):
             break
     return rows, checks
@@ -244,40 +238,25 @@ def _copy_bandwidth_gbps() -> float:
 # An evaluation
 
 
-def _isolation(ready: dict) -> str:
-    """How the submission's process was closed off, in words (from its first answer, sent before the file ran)."""
-    folders = " and ".join(ready["hidden"])
-    if ready["landlock"]:
-        return (f"Landlock ABI {ready['landlock']}: {folders} out of reach of the submission and of every process it "
-                f"starts" + ("; none of them can signal the evaluator" if ready["signals_scoped"] else
-                             "; signals to the evaluator are not blocked (Landlock ABI 6 does that)"))
-    return (f"no Landlock ({ready['note']}): {folders} guarded in Python only (imports, and Python's opening of "
-            f"files by path); see --help")
-
-
 def _load(process: SubmissionProcess, path, source: str, report: Report, cuda: bool, say) -> bool:
     """Import the file in `process`; False (with the failure or the skip in `report`) if no call can follow."""
     try:
         loaded = process.load(path, source=source)
     except SubmissionProcessEnded as err:
-        report.failures.append(f"{path}: {err}")
+        report.failures.append(f"{shown_path(path)}: {err}")
         return False
-    finally:
-        if report.isolation is None and process.isolation is not None:
-            report.isolation = _isolation(process.isolation)
-            say(f"isolation: {report.isolation}")
     if not loaded.ok:
-        report.failures.append(f"{path}: importing it {loaded.error}")
+        report.failures.append(f"{shown_path(path)}: importing it {loaded.error}")
         return False
     if not loaded.has_kernel:
-        report.failures.append(f"{path}: defines no function custom_kernel(data)")
+        report.failures.append(f"{shown_path(path)}: defines no function custom_kernel(data)")
         return False
     report.submission_path = loaded.submission_path
     if loaded.backend and report.backend is None:
         report.backend = loaded.backend
         say(f"backend: {report.backend}")
     if loaded.needs_cuda and not cuda:
-        report.skipped = (f"{report.submission_path or Path(path).name} needs a CUDA GPU: the file imports "
+        report.skipped = (f"{report.submission_path or shown_path(Path(path).name)} needs a CUDA GPU: the file imports "
                           f"here, but no check can run without one")
         return False
     return True
@@ -299,10 +278,9 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     and `time_limit` the whole evaluation, in seconds. `show_output` passes the submission's stdout
     and stderr to `log`, each line prefixed (always kept in `Report.output`). Nothing raises for a
     bad submission: problems end up in `Report.failures` (bad arguments raise BadArgument, a
-    ValueError naming the argument, before anything runs). While a submission's process runs, this
-    process is a child subreaper and non-dumpable (`SubmissionProcess` holds the supervision), and
-    in the main thread the signals that would end it end the evaluation with a FAILED verdict
-    instead (`Report.interrupted`).
+    ValueError naming the argument, before anything runs). The submission runs in the sandbox of
+    nvfp4lib.leaderboard.process (`Report.isolation` says which); in the main thread the signals
+    that would end this process end the evaluation with a FAILED verdict instead (`Report.interrupted`).
     """
     if mode not in MODES:
         raise BadArgument("mode", f"expected one of {MODES}, got {mode!r}")
@@ -321,16 +299,18 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     say = log or (lambda line: None)
     device = torch.device("cuda" if caps.cuda else "cpu")
     report = Report(Path(path), mode, caps.summary())
-    say(f"local leaderboard: {path} ({mode}) on {caps.summary()}"
-        + ("; a secret seed is mixed into every seed" if secret_seed is not None else ""))
+    name = shown_path(path)
+    say(f"local leaderboard: {name} ({mode}) on {caps.summary()}" + (
+        "; a secret seed is mixed into every seed (the inputs are made here: it never reaches the submission)"
+        if secret_seed is not None else ""))
     try:
         source = read_submission(path)
     except SubmissionError as err:
-        report.failures.append(str(err))
+        report.failures.append(str(err).replace(str(path), name))
         say(report.summary())
         return report
     if not has_directive(source):
-        report.failures.append(f"{path}: the leading comment lines lack the directive line {DIRECTIVE!r}")
+        report.failures.append(f"{name}: the leading comment lines lack the directive line {DIRECTIVE!r}")
 
     timed = [phase for phase in phases if phase in TIMED_PHASES]
     if timed and not caps.cuda:
@@ -355,11 +335,17 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
                     stopped.append(f"{phase} mode: not started, the evaluation reached --time-limit {time_limit:g} s")
                     break
                 process = SubmissionProcess(device, timeout, deadline, time_limit, shown)
+                if report.isolation is None:
+                    report.isolation = process.isolation
+                    say(f"isolation: {report.isolation}")
                 try:
                     loaded = _load(process, path, source, report, caps.cuda, say)
                     if loaded:
                         _run_phase(process, phase, report, cases, shapes, device, seed, secret_seed, reps, warmup,
                                    log)
+                except torch.OutOfMemoryError:  # read while the submission's process still holds its memory
+                    stopped.append(_memory_held(device))
+                    loaded = False
                 finally:
                     process.close()  # its exit handlers' output too
                     _keep_output(report, process, say)
@@ -381,12 +367,25 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     return report
 
 
+def _memory_held(device) -> str:
+    """Why this process could not allocate on `device` (its inputs, its copy bandwidth probe): what
+    the device had free, and how much of it the submission's process (or another program) held."""
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        own = torch.cuda.memory_reserved(device)
+    except Exception:  # noqa: BLE001 - no CUDA to ask
+        return f"the evaluator ran out of memory on {device} while the submission's process held memory there"
+    return (f"the evaluator could not allocate its inputs on {device}: {free / 2**30:.1f} GiB of its "
+            f"{total / 2**30:.1f} GiB were free, {(total - free - own) / 2**30:.1f} GiB held outside the evaluator's "
+            f"own {own / 2**30:.1f} GiB: by the submission's process (or another program there); a submission must "
+            f"leave the device the room the leaderboard's inputs take")
+
+
 def _keep_output(report: Report, process: SubmissionProcess, say) -> None:
     report.output = (report.output + process.output)[-(64 << 10):]
     report.output_bytes += process.output_bytes
     if process.left_running:
-        report.notes.append(f"processes {', '.join(map(str, process.left_running))} of the submission's were killed "
-                            f"but had not ended yet (stuck in the kernel?)")
+        report.notes.append("the submission's processes were killed but had not all ended yet (stuck in the kernel?)")
         say(report.notes[-1])
 
 

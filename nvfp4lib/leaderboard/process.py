@@ -1,36 +1,36 @@
-"""The submission's process, from the evaluator's side: starting it, talking to it within deadlines,
-and ending it together with everything it started.
+"""The submission's process, from the evaluator's side: starting it in a sandbox, talking to it
+within deadlines, and ending it together with everything it started.
 
-* `SubmissionProcess` starts nvfp4lib.leaderboard.child in a session of its own, in an empty folder,
-  with its own pipes: requests, answers, and its stdout and stderr (read here, never this process's
-  own). Every wait has a deadline (the per-call `timeout`, never past the evaluation's `deadline`);
-  an answer is read only up to the size its request allows and checked (nvfp4lib.leaderboard.answers)
-  before anything uses it; tensors travel as raw bytes on the pipes, so no file of the evaluator's
-  lies where the submission could replace it. Whatever goes wrong (an overrun, an exit, a crash, an
-  answer that is not one) ends the process and raises `SubmissionProcessEnded` naming it.
-* `supervision` makes this process a child subreaper while submissions run (Linux; every
-  `SubmissionProcess` holds it from its start to its close, the one entry): a process the
-  submission starts stays in this process's tree even after it leaves its session or its parent
-  dies, and `end_descendants` kills and reaps every one of them. It also turns this process
-  non-dumpable meanwhile, so that processes of the same user cannot open its /proc files (its file
-  descriptors, its memory) or trace it.
-* `signals_as_failures` turns a signal that would end the evaluator (SIGTERM, SIGHUP, SIGINT, ...)
-  into `EvaluationInterrupted`, raised where the evaluation can end in a verdict; cleanups run
-  `shielded` from it.
+* `sandbox` is bubblewrap's command line (`bwrap` on PATH, or the one BWRAP_ENV_VAR names): the
+  submission's process and every process it starts run in PID and network namespaces of their own,
+  without capabilities, on a read-only view of the file system with an empty /tmp and the
+  package's folders empty. They cannot see, signal, limit or read this process; orphans are reaped
+  inside; all of them end when the submission's process ends or this one dies. Where bwrap cannot
+  run, the process runs without it, and the sandbox's `description` says what is then not covered.
+* `SubmissionProcess` starts nvfp4lib.leaderboard.child in a session of its own with its own pipes:
+  requests, answers, and its stdout and stderr (read here, never this process's own); tensors go
+  through a shared memory file, written and read here. Every wait has a deadline (the per-call
+  `timeout`, never past the evaluation's `deadline`); an answer is read only up to the size an
+  answer may have and checked (nvfp4lib.leaderboard.answers) before anything uses it; the times
+  it sends are held against this process's clock. Whatever goes wrong (an overrun, an exit, a
+  crash, an answer that is not one) ends the process and raises `SubmissionProcessEnded` naming it.
+* `signals_as_failures` turns the first signal that would end the evaluator (SIGTERM, SIGHUP,
+  SIGINT, ...) into `EvaluationInterrupted`, raised where the evaluation can still end in a verdict.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import dataclasses
 import fcntl
+import functools
+import glob
+import math
 import os
 import re
 import select
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -47,19 +47,31 @@ from nvfp4lib.bench.timing import StoppingRule
 from nvfp4lib.contract import NAMES
 from nvfp4lib.leaderboard import answers, child
 from nvfp4lib.leaderboard.answers import BadAnswer
+from nvfp4lib.leaderboard.report import printable
 from nvfp4lib.leaderboard.submission_file import MISSING_PACKAGE, PACKAGE, TASK_SOURCE, read_submission
 from nvfp4lib.locations import PACKAGE_DIR
+from nvfp4lib.messages import first_line
 
 CHILD_PROGRAM = Path(child.__file__).resolve()
 TIMING_SOURCE = Path(nvfp4lib.bench.timing.__file__).read_text()  # read once, before any submission runs
+BWRAP_ENV_VAR = "NVFP4_BWRAP"  # the bwrap to run submissions under (a path), or "off": none (what a machine without gets)
+SANDBOX_CHILD, SANDBOX_WORK = "/tmp/leaderboard_child.py", "/tmp/submission_work"  # inside the sandbox, on its own /tmp
+TOOL_CACHES = {"XDG_CACHE_HOME": "/tmp/.cache", "TRITON_HOME": "/tmp", "CUDA_CACHE_PATH": "/tmp/.nv"}
 STOP_GRACE_S = 10.0      # a process asked to stop may run its exit handlers this long
 KILL_WAIT_S = 5.0        # ending every process a submission started may take this long
 OUTPUT_KEPT_BYTES = 64 << 10    # the tail of the submission's stdout and stderr kept for the report
 OUTPUT_SHOWN_BYTES = 1 << 20    # shown line by line (show_output) up to this much
 OUTPUT_PREFIX = "[submission] "
+# What a timed call that does nothing costs here, measured before the file is imported: these many calls.
+BASELINE_RULE = StoppingRule(max_calls=20, budget_s=1e9, min_wall_s=1e9)
+# Benchmark mode's timed calls may take this much longer here than the times sent back, their
+# harness's own cost and these slacks explain: each time times WALL_SHARE, a slack per call, and
+# one per run (a CPU's wall clock, shared with everything else on the machine, gets more).
+WALL_SHARE, WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 1.25, 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
+_PAGE = 4096
 _PIPE_BYTES = 1 << 20
 _CHUNK = 1 << 20
-_POLL_S = 0.5            # the longest a wait sleeps before it looks at signals and the clock again
+_POLL_S = 0.5            # the longest a wait sleeps before it looks at the clock again
 
 
 class SubmissionProcessEnded(RuntimeError):
@@ -88,24 +100,16 @@ def signal_name(signum: int) -> str:
 # ---------------------------------------------------------------------------------------------
 # Signals
 
-
-class _SignalState:
-    armed = False
-    shield = 0
-    received: int | None = None
-
-
-_SIGNALS = _SignalState()
 # the signals whose default action ends a process and that a handler can catch; the fault signals
 # (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS) are left alone: a handler cannot resume after one
 _CATCHABLE = ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGVTALRM", "SIGPROF",
               "SIGXCPU", "SIGXFSZ", "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGABRT")
+_received: list[int] = []
 
 
 def _on_signal(signum, frame):
-    if _SIGNALS.received is None:
-        _SIGNALS.received = signum
-    if _SIGNALS.armed and not _SIGNALS.shield:
+    _received.append(signum)
+    if len(_received) == 1:  # the first ends the evaluation; later ones find it ending already
         raise EvaluationInterrupted(signum)
 
 
@@ -118,151 +122,101 @@ def _catchable() -> list[int]:
 
 @contextlib.contextmanager
 def signals_as_failures():
-    """While inside: each catchable signal whose handler is the default raises EvaluationInterrupted
-    (once; later ones are noted). Only in the main thread (elsewhere a no-op)."""
-    if threading.current_thread() is not threading.main_thread() or _SIGNALS.armed:
+    """While inside: the first catchable signal whose handler is the default raises
+    EvaluationInterrupted. Only in the main thread (elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
     for signum in _catchable():
-        try:
-            handler = signal.getsignal(signum)
-            if handler in (signal.SIG_DFL, signal.default_int_handler):
+        with contextlib.suppress(OSError, ValueError, RuntimeError):
+            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
                 previous[signum] = signal.signal(signum, _on_signal)
-        except (OSError, ValueError, RuntimeError):
-            pass
-    _SIGNALS.received, _SIGNALS.armed = None, True
+    _received.clear()
     try:
         yield
     finally:
-        _SIGNALS.armed = False
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
-def shielded():
-    """Cleanup that a signal must not cut short: a signal meanwhile is raised when it is done."""
-    _SIGNALS.shield += 1
+def _signals_held():
+    """Cleanup that a signal must not cut short: the signals wait (in the kernel) until it is done."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _catchable())
     try:
         yield
     finally:
-        _SIGNALS.shield -= 1
-    if _SIGNALS.armed and not _SIGNALS.shield and _SIGNALS.received is not None:
-        raise EvaluationInterrupted(_SIGNALS.received)
-
-
-def interrupted() -> None:
-    """Raise EvaluationInterrupted if a signal came in (for long steps between waits)."""
-    if _SIGNALS.armed and not _SIGNALS.shield and _SIGNALS.received is not None:
-        raise EvaluationInterrupted(_SIGNALS.received)
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 # ---------------------------------------------------------------------------------------------
-# Every process a submission starts
-
-_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
-_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+# The sandbox
 
 
-def _prctl(option: int, value: int = 0) -> int:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(ctypes.c_int(option), ctypes.c_ulong(value), ctypes.c_ulong(0), ctypes.c_ulong(0),
-                      ctypes.c_ulong(0))
+@dataclass(frozen=True)
+class Sandbox:
+    """bwrap's command line up to the program it runs (None: no sandbox), and what isolates the submission."""
+    command: list[str] | None
+    description: str
 
 
-def _process_table() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, state letter) of every process in /proc."""
-    table = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as file:
-                fields = file.read().rpartition(b")")[2].split()
-            table[int(name)] = (int(fields[1]), fields[0].decode())
-        except (OSError, IndexError, ValueError):
-            continue
-    return table
+def _under(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + os.sep)
 
 
-class _Supervision:
-    """Child subreaper and non-dumpable while at least one user is inside (`supervision`)."""
-
-    def __init__(self):
-        self.lock = threading.RLock()
-        self.depth = 0
-        self.known: set[int] = set()      # children this process had before: not the submission's
-        self.live: set[int] = set()       # submission processes still in use: ended by their own close
-        self.available = sys.platform.startswith("linux") and os.path.isdir("/proc/self")
-        self.subreaper = False
-        self._restore: list[tuple[int, int]] = []
-
-    def __enter__(self):
-        with self.lock:
-            if self.depth == 0 and self.available:
-                self._restore = []
-                try:
-                    was = ctypes.c_int(0)
-                    libc = ctypes.CDLL(None, use_errno=True)
-                    libc.prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(was), 0, 0, 0)
-                    self.subreaper = _prctl(_PR_SET_CHILD_SUBREAPER, 1) == 0
-                    if self.subreaper:
-                        self._restore.append((_PR_SET_CHILD_SUBREAPER, was.value))
-                    dumpable = _prctl(_PR_GET_DUMPABLE)
-                    if dumpable > 0 and _prctl(_PR_SET_DUMPABLE, 0) == 0:
-                        self._restore.append((_PR_SET_DUMPABLE, dumpable))
-                except (OSError, AttributeError):
-                    self.subreaper = False
-                me = os.getpid()
-                self.known = {pid for pid, (ppid, _) in _process_table().items() if ppid == me}
-            self.depth += 1
-        return self
-
-    def __exit__(self, *exc):
-        with shielded(), self.lock:
-            self.depth -= 1
-            if self.depth == 0:
-                self.end_descendants()
-                for option, value in reversed(self._restore):
-                    _prctl(option, value)
-                self._restore = []
-
-    def end_descendants(self) -> list[int]:
-        """Kill and reap every process that the submissions left (this process's children that it
-        did not have before, other than live submission processes, and all their descendants) ->
-        the pids still there after KILL_WAIT_S (a process the kernel cannot end yet)."""
-        if not self.available:
-            return []
-        me, stop = os.getpid(), time.monotonic() + KILL_WAIT_S
-        while True:
-            table = _process_table()
-            roots = {pid for pid, (ppid, _) in table.items()
-                     if ppid == me and pid not in self.known and pid not in self.live}
-            children: dict[int, list[int]] = {}
-            for pid, (ppid, _) in table.items():
-                children.setdefault(ppid, []).append(pid)
-            tree, todo = set(), list(roots)
-            while todo:
-                pid = todo.pop()
-                if pid not in tree:
-                    tree.add(pid)
-                    todo += children.get(pid, [])
-            running = [pid for pid in tree if table.get(pid, (0, "Z"))[1] not in "ZX"]
-            for pid in running:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            for pid in roots:
-                with contextlib.suppress(ChildProcessError, OSError):
-                    os.waitpid(pid, os.WNOHANG)
-            if not tree:
-                return []
-            if time.monotonic() > stop:
-                return sorted(running)
-            time.sleep(0.005)
+@functools.cache
+def sandbox(cuda: bool) -> Sandbox:
+    """The sandbox submissions run in here (`cuda`: with the NVIDIA device files), tried once."""
+    folders = child.package_folders(PACKAGE, str(PACKAGE_DIR))
+    named = os.environ.get(BWRAP_ENV_VAR) or None
+    bwrap = shutil.which(named or "bwrap") if named != "off" else None
+    if bwrap is None:
+        why = (f"{BWRAP_ENV_VAR}=off" if named == "off" else f"{BWRAP_ENV_VAR}={named} is not a program" if named
+               else f"no bwrap on PATH (install bubblewrap, or name one with {BWRAP_ENV_VAR})")
+        return Sandbox(None, _unsandboxed(folders, why))
+    command = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL"]
+    for name in sorted(os.listdir("/")):  # all of / read-only, but its own /proc, /dev and /tmp, and no /run
+        path = "/" + name
+        if name not in ("proc", "dev", "tmp", "run"):
+            command += ["--symlink", os.readlink(path), path] if os.path.islink(path) else ["--ro-bind", path, path]
+    command += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    needed = [sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path,
+              *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]  # the interpreter's, where it lies in /tmp
+    for path in sorted({os.path.realpath(p) for p in needed if p and os.path.isdir(p)}):
+        if _under(path, "/tmp"):
+            command += ["--ro-bind", path, path]
+    command += ["--dir", SANDBOX_WORK, "--chdir", SANDBOX_WORK, "--ro-bind", str(CHILD_PROGRAM), SANDBOX_CHILD,
+                "--setenv", "TMPDIR", "/tmp", *(a for item in TOOL_CACHES.items() for a in ("--setenv", *item))]
+    for folder in folders:
+        command += ["--tmpfs", folder]
+    for device in sorted(glob.glob("/dev/nvidia*") + glob.glob("/dev/dxg")) if cuda else ():
+        command += ["--dev-bind", device, device]
+    try:
+        probe = subprocess.run([*command, "--", sys.executable, "-c", "pass"], capture_output=True, text=True,
+                               timeout=60)
+        failure = None if probe.returncode == 0 else probe.stderr.strip() or f"exit code {probe.returncode}"
+    except (OSError, subprocess.SubprocessError) as err:
+        failure = str(err)
+    if failure:
+        return Sandbox(None, _unsandboxed(folders, f"{bwrap} cannot run here: {first_line(failure, 300)}"))
+    return Sandbox(command, (
+        f"bubblewrap ({bwrap}): the submission's processes in PID and network namespaces of their own, without "
+        f"capabilities, on a read-only file system (an empty /tmp, no /run, {' and '.join(folders)} empty): they "
+        f"cannot see, signal, limit or read the evaluator, and end with the submission's process; not covered: what "
+        f"they can read (your other files, other copies of {PACKAGE}), memory and process limits, times from a file "
+        f"that rewrites the evaluator's objects in its own process (held against a floor and this process's clock)"))
 
 
-supervision = _Supervision()
+def _unsandboxed(folders: list[str], why: str) -> str:
+    return (f"no sandbox ({why}): {' and '.join(folders)} guarded in Python only (imports, and Python's opening of "
+            f"files by path); not covered: the submission's processes can read the package by other routes, write "
+            f"to site-packages, signal, limit or read the evaluator (its command line and environment too), use "
+            f"the network, and outlive the evaluation by leaving its session; see --help")
+
+
+def _page(n: int) -> int:
+    return -(-n // _PAGE) * _PAGE
 
 
 # ---------------------------------------------------------------------------------------------
@@ -313,21 +267,6 @@ class Timed:
     device: str = ""         # where c was, in the submission's process
 
 
-def _exit_status(info) -> str:
-    """os.waitid's result as words: 'exit code 0', 'killed by signal SIGSEGV'."""
-    if info.si_code == os.CLD_EXITED:
-        return f"exit code {info.si_status}"
-    return f"killed by signal {signal_name(info.si_status)}"
-
-
-_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(line: str) -> str:
-    """`line` with control characters (escape sequences, carriage returns) shown as escapes."""
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], line)
-
-
 def _shown(description: dict) -> dict:
     """An output's description with its strings made printable (they go into messages)."""
     return {k: printable(v) if isinstance(v, str) else v for k, v in description.items()}
@@ -349,7 +288,8 @@ class SubmissionProcess:
     is killed together with everything it started, and the request raises SubmissionProcessEnded,
     whose message (also kept in `ended`) says what happened. The submission's stdout and stderr are
     kept (`output`, the last OUTPUT_KEPT_BYTES) and, with `on_output`, passed on line by line,
-    prefixed and with control characters escaped. Use it as a context manager.
+    prefixed and with control characters escaped. `isolation` says what closes it off. Use it as a
+    context manager.
     """
 
     def __init__(self, device: torch.device, timeout: float, deadline: float, time_limit: float,
@@ -357,51 +297,73 @@ class SubmissionProcess:
         self.timeout, self.deadline, self.time_limit = timeout, deadline, time_limit
         self.device = torch.device(device)
         self.on_output = on_output
+        self.sandbox = sandbox(self.device.type == "cuda")
+        self.isolation = self.sandbox.description
         self.ended: str | None = None
-        self.isolation: dict | None = None
+        self.call_cost_s: float | None = None  # a timed call that does nothing, measured before the import
         self.output_bytes = 0
-        self._output = bytearray()
-        self._line = bytearray()
-        self._shown = 0
-        self._seq = 0
-        self._exit_info = None
-        self._closed = False
-        self._busy = False
-        self.left_running: list[int] = []  # pids the kernel had not ended KILL_WAIT_S after SIGKILL
+        self.left_running = False  # whether its processes had not all ended KILL_WAIT_S after SIGKILL
+        self._output, self._line = bytearray(), bytearray()
+        self._shown = self._seq = self._size = 0
+        self._exit_info = self._init = self._work = None
+        self._ready_done = self._closed = self._busy = False
+        self._inputs_end = 0  # where the last call's inputs end in the shared file
         self._fds: list[int] = []
-        supervision.__enter__()
         try:
             self._start()
         except BaseException:
             self._release()
-            supervision.__exit__(None, None, None)
             raise
 
     def _start(self) -> None:
-        self._work = tempfile.mkdtemp(prefix="nvfp4lib-evaluate-")
-        self._work_fd = os.open(self._work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         request_end, self._requests = os.pipe()
         self._answers, answer_end = os.pipe()
         self._out, out_end = os.pipe()
-        self._fds = [self._requests, self._answers, self._out]
+        self._shared = os.memfd_create("nvfp4lib-evaluate") if hasattr(os, "memfd_create") else os.dup(
+            tempfile.TemporaryFile().fileno())
+        info, info_end = os.pipe() if self.sandbox.command else (-1, -1)
+        self._fds = [fd for fd in (self._requests, self._answers, self._out, self._shared, info) if fd >= 0]
         for fd in (self._requests, self._answers, self._out):
             with contextlib.suppress(OSError):
                 fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), _PIPE_BYTES)
             os.set_blocking(fd, False)
+        fds = [request_end, answer_end, self._shared]
+        if self.sandbox.command:
+            argv = [*self.sandbox.command, "--info-fd", str(info_end), "--", sys.executable, "-P", "-u", SANDBOX_CHILD,
+                    *map(str, fds), "1"]  # its parent there: the sandbox's first process, pid 1
+        else:
+            self._work = tempfile.mkdtemp(prefix="nvfp4lib-evaluate-")
+            argv = [sys.executable, "-P", "-u", str(CHILD_PROGRAM), *map(str, fds), str(os.getpid())]
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-P", "-u", str(CHILD_PROGRAM), str(request_end), str(answer_end), str(os.getpid())],
-                pass_fds=(request_end, answer_end), cwd=self._work, stdin=subprocess.DEVNULL, stdout=out_end,
-                stderr=out_end, start_new_session=True)  # its own session: it cannot signal this one's group
+                argv, pass_fds=[*fds, *([info_end] if info_end >= 0 else [])], cwd=self._work or "/",
+                stdin=subprocess.DEVNULL, stdout=out_end, stderr=out_end,
+                start_new_session=True)  # its own session: it cannot signal this one's group
         finally:
-            for fd in (request_end, answer_end, out_end):
-                os.close(fd)
-        supervision.live.add(self._proc.pid)
-        try:
+            for fd in (request_end, answer_end, out_end, info_end):
+                if fd >= 0:
+                    os.close(fd)
+        with contextlib.suppress(AttributeError, OSError):
+            self._pidfd = None
             self._pidfd = os.pidfd_open(self._proc.pid)
             self._fds.append(self._pidfd)
-        except (AttributeError, OSError):
-            self._pidfd = None
+        if info >= 0:
+            self._find_init(info)
+
+    def _find_init(self, info: int) -> None:
+        """The sandbox's first process, from bwrap's --info-fd: its PID namespace ends when it ends."""
+        data, stop = b"", time.monotonic() + min(60.0, max(0.0, self.deadline - time.monotonic()))
+        while time.monotonic() < stop:  # bwrap writes it, then closes it, once the sandbox is set up
+            if select.select([info], [], [], _POLL_S)[0]:
+                chunk = os.read(info, 4096)
+                if not chunk:
+                    break
+                data += chunk
+        found = re.search(rb'"child-pid"\s*:\s*(\d+)', data)
+        if found:
+            with contextlib.suppress(OSError):
+                self._init = os.pidfd_open(int(found.group(1)))
+                self._fds.append(self._init)
 
     def __enter__(self) -> SubmissionProcess:
         return self
@@ -416,8 +378,8 @@ class SubmissionProcess:
         Loaded.value is str(eval(expression)) with the module bound to `submission`."""
         path = str(Path(path).resolve())
         source = read_submission(path) if source is None else source
-        answer, _ = self._ask({"kind": "load", "path": path, "source": source, "expression": expression},
-                              "importing it", {"loaded": answers.LOADED, "error": answers.ERROR})
+        answer = self._ask({"kind": "load", "path": path, "source": source, "expression": expression},
+                           "importing it", {"loaded": answers.LOADED, "error": answers.ERROR})
         if answer["kind"] == "error":
             return Loaded(error=printable(answer["error"]))
         texts = {k: None if answer[k] is None else printable(answer[k])
@@ -426,83 +388,98 @@ class SubmissionProcess:
 
     def call(self, data, reuse: bool = False, timed: bool = False) -> Called:
         """custom_kernel on a copy of `data` (or, with `reuse`, on the previous call's tensors given
-        `data`'s values) -> Called. With `timed` the call is timed there as the leaderboard times it."""
+        `data`'s values) -> Called. With `timed` the call is timed there as the leaderboard times it.
+        Whether an input changed is read here, from its bytes in the shared file after the call."""
         tensors = tuple(data)
         sent = [_storage_bytes(t) for t in tensors]
-        specs = [{"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "nbytes": raw.numel()}
-                 for t, raw in zip(tensors, sent)]
-        c_bytes = tensors[-1].numel() * tensors[-1].element_size()
-
-        def frames(answer):
-            if answer["kind"] != "called":
-                return []
-            sizes = [c_bytes, c_bytes] if answer["output"]["values"] else []
-            for name, spec, entry in zip(NAMES, specs, answer["inputs"]):
-                if entry["bytes"]:
-                    if entry["nbytes"] != spec["nbytes"]:
-                        raise BadAnswer(f"inputs: {name} sent with {entry['nbytes']} bytes, expected {spec['nbytes']}")
-                    sizes.append(spec["nbytes"])
-            return sizes
-
+        offsets = [sum(_page(raw.numel()) for raw in sent[:i]) for i in range(len(sent) + 1)]
+        specs = [{"dtype": str(t.dtype), "shape": list(t.shape), "stride": list(t.stride()), "offset": at,
+                  "nbytes": raw.numel()} for t, raw, at in zip(tensors, sent, offsets)]
+        c_shape = tuple(tensors[-1].shape)
+        self._inputs_end = offsets[-1]
+        self._grow(self._inputs_end + _page(4 * math.prod(c_shape)))
+        for raw, at in zip(sent, offsets):
+            self._write_shared(at, raw)
         started = time.monotonic()
-        answer, received = self._ask({"kind": "call", "reuse": reuse, "timed": timed, "tensors": specs}, "the call",
-                                     {"called": answers.CALLED, "error": answers.ERROR}, frames, sent)
+        answer = self._ask({"kind": "call", "reuse": reuse, "timed": timed, "tensors": specs,
+                            "output": self._inputs_end}, "the call", {"called": answers.CALLED, "error": answers.ERROR})
         if answer["kind"] == "error":
             return Called(error=printable(answer["error"]))
         if timed and (answer["us"] is None or answer["us"] * 1e-6 > 1.01 * (time.monotonic() - started) + 1e-3):
             self._end(f"the timed call: its process sent back the time {answer['us']!r} us, which its call "
                       f"cannot have taken here")
-        output = Output(_shown(answer["output"]))
-        if output.description["values"]:
-            output.at_return, output.settled = (self._as_c(received.pop(0), tuple(tensors[-1].shape)) for _ in range(2))
-        changed = []
-        for name, raw, spec, entry in zip(NAMES, sent, specs, answer["inputs"]):
-            same = False
-            if entry["bytes"]:
-                got = received.pop(0)
-                same = (entry["dtype"] == spec["dtype"] and entry["shape"] == spec["shape"]
-                        and entry["stride"] == spec["stride"] and entry["offset"] == 0 and not entry["moved"]
-                        and entry["device"] == answer["device"]
-                        and torch.equal(torch.frombuffer(got, dtype=torch.uint8) if len(got) else raw[:0], raw))
-            if not same:
-                changed.append(name)
+        output = self._output_of(answer["output"], self._inputs_end, c_shape)
+        changed = [name for name, raw, at in zip(NAMES, sent[:-1], offsets)
+                   if not torch.equal(self._read_shared(at, raw.numel()), raw)]
         return Called(None, output, answer["device"], changed, answer["us"])
 
     def time(self, rule: StoppingRule, c_shape) -> Timed:
         """Leaderboard time (bench.leaderboard_time) of custom_kernel on the last call's tensors, until
-        `rule` says stop -> Timed (`c_shape`: the shape of c, for the sizes of the outputs)."""
-        c_bytes = 2 * int(torch.Size(c_shape).numel())
-
-        def frames(answer):
-            return [] if answer["kind"] != "timed" else [
-                c_bytes for d in answer["outputs"] for _ in range(2) if d["values"]]
-
+        `rule` says stop -> Timed (`c_shape`: the shape of c, for the sizes of the outputs). Times that
+        add up to more than the calls took here, or (given what a call of nothing costs there) leave
+        too much of it unexplained, end the process."""
+        c_shape = tuple(c_shape)
+        step = _page(4 * math.prod(c_shape))
+        self._grow(self._inputs_end + step * rule.max_calls)
         started = time.monotonic()
-        answer, received = self._ask({"kind": "time", "rule": dataclasses.asdict(rule)}, "the timed calls",
-                                     {"timed": answers.timed(rule.max_calls), "error": answers.ERROR}, frames,
-                                     calls=rule.max_calls)
+        answer = self._ask({"kind": "time", "rule": dataclasses.asdict(rule), "baseline": False,
+                            "output": self._inputs_end, "step": step}, "the timed calls",
+                           {"timed": answers.timed(rule.max_calls), "error": answers.ERROR}, calls=rule.max_calls)
+        took = time.monotonic() - started
         if answer["kind"] == "error":
             return Timed(error=printable(answer["error"]))
         samples, outputs = answer["samples_us"], answer["outputs"]
         if len(samples) != len(outputs):
             self._end(f"the timed calls: its process sent {len(samples)} times for {len(outputs)} outputs")
-        if sum(samples) * 1e-6 > 1.01 * (time.monotonic() - started) + 1e-3:
-            self._end(f"the timed calls: its process sent times that add up to {sum(samples) * 1e-6:.3g} s, more "
-                      f"than the {time.monotonic() - started:.3g} s the calls took here")
-        shape = tuple(c_shape)
-        result = []
-        for description in outputs:
-            output = Output(_shown(description))
-            if description["values"]:
-                output.at_return, output.settled = (self._as_c(received.pop(0), shape) for _ in range(2))
-            result.append(output)
-        return Timed(None, samples, result, answer["device"])
+        self._hold_to_clock(samples, took)
+        return Timed(None, samples, [self._output_of(d, self._inputs_end + i * step, c_shape)
+                                     for i, d in enumerate(outputs)], answer["device"])
 
-    @staticmethod
-    def _as_c(raw: bytearray, shape: tuple) -> torch.Tensor:
-        """A frame of c's values as a float16 tensor of ``shape`` (an empty frame: an empty tensor)."""
-        return torch.frombuffer(raw, dtype=torch.float16).view(shape) if len(raw) else torch.empty(
-            shape, dtype=torch.float16)
+    def _hold_to_clock(self, samples: list[float], took: float) -> None:
+        """The times of a run of timed calls against how long the run took here (see `time`)."""
+        sent = sum(samples) * 1e-6
+        if sent > 1.01 * took + 1e-3:
+            self._end(f"the timed calls: its process sent times that add up to {sent:.3g} s, more than the "
+                      f"{took:.3g} s the calls took here")
+        if self.call_cost_s is None:
+            return
+        unexplained = took - len(samples) * self.call_cost_s
+        allowed = (WALL_SHARE * sent + len(samples) * (WALL_SLACK_PER_CALL_S + self.call_cost_s / 4)
+                   + WALL_SLACK_S.get(self.device.type, WALL_SLACK_S["cpu"]))
+        if unexplained > allowed:
+            self._end(f"the timed calls: {len(samples)} calls took {took:.3g} s here, of which the times its process "
+                      f"sent ({sent:.3g} s in all) and the timing's own cost ({self.call_cost_s * 1e6:.0f} us a call, "
+                      f"measured before the file was imported) explain at most {took - unexplained + allowed:.3g} s: "
+                      f"those times were not measured honestly")
+
+    def _output_of(self, description: dict, at: int, c_shape: tuple) -> Output:
+        """An output as described, with its two copies read here from the shared file at byte `at`."""
+        output = Output(_shown(description))
+        if description["values"]:
+            n = 2 * math.prod(c_shape)
+            both = self._read_shared(at, 2 * n).view(torch.float16)
+            output.at_return, output.settled = (both[i * n // 2:(i + 1) * n // 2].view(c_shape) for i in range(2))
+        return output
+
+    # -- the shared file
+
+    def _grow(self, size: int) -> None:
+        if size > self._size:
+            os.ftruncate(self._shared, size)
+            self._size = size
+
+    def _write_shared(self, at: int, raw: torch.Tensor) -> None:
+        view = memoryview(raw.numpy()).cast("B")
+        while len(view):
+            written = os.pwrite(self._shared, view, at)
+            view, at = view[written:], at + written
+
+    def _read_shared(self, at: int, n: int) -> torch.Tensor:
+        data = bytearray(os.pread(self._shared, n, at)) if n else bytearray()
+        if len(data) != n:
+            self._end(f"the shared memory file was cut short by the submission's process ({len(data)} of {n} bytes "
+                      f"at byte {at})")
+        return torch.frombuffer(data, dtype=torch.uint8) if n else torch.empty(0, dtype=torch.uint8)
 
     # -- the wire
 
@@ -515,8 +492,9 @@ class SubmissionProcess:
         return left, f"what was left of --time-limit {self.time_limit:g} s for the whole evaluation"
 
     def _ready(self) -> None:
-        """The config sent and the ready answer read (Python and torch starting up: not the submission's time)."""
-        if self.isolation is not None:
+        """The config sent, the ready answer read (Python and torch starting up: not the submission's
+        time), and then the cost of a timed call that does nothing measured (`call_cost_s`)."""
+        if self._ready_done:
             return
         left = self.deadline - time.monotonic()
         if left <= 0:
@@ -524,16 +502,19 @@ class SubmissionProcess:
         overrun = (f"starting the process did not finish within {left:.3g} s (what was left of --time-limit "
                    f"{self.time_limit:g} s for the whole evaluation); the process was killed")
         end = time.monotonic() + left
-        config = {"kind": "config", "package": PACKAGE, "package_dir": os.path.realpath(PACKAGE_DIR),
+        config = {"kind": "config", "package": PACKAGE, "folders": child.package_folders(PACKAGE, str(PACKAGE_DIR)),
                   "device": str(self.device), "missing": MISSING_PACKAGE, "task_source": TASK_SOURCE,
                   "input_names": list(NAMES[:6]), "timing_source": TIMING_SOURCE}
         self._io(end, "starting the process", overrun, send=memoryview(child.pack_message(config)))
-        self.isolation = self._read_answer(end, "starting the process", overrun, {"ready": answers.READY})
-        if self.isolation["pid"] != self._proc.pid:
-            self._end(f"starting the process: its answer names pid {self.isolation['pid']}, not {self._proc.pid}")
+        self._read_answer(end, "starting the process", overrun, {"ready": answers.READY})
+        self._ready_done = True
+        started = time.monotonic()
+        answer = self._ask({"kind": "time", "rule": dataclasses.asdict(BASELINE_RULE), "baseline": True,
+                            "output": 0, "step": 0}, "timing calls that do nothing (before the import)",
+                           {"timed": answers.timed(BASELINE_RULE.max_calls, outputs=False)})
+        self.call_cost_s = (time.monotonic() - started) / len(answer["samples_us"])
 
-    def _ask(self, request: dict, doing: str, schemas: dict, frames: Callable[[dict], list[int]] | None = None,
-             payloads=(), calls: int = 1) -> tuple[dict, list[bytearray]]:
+    def _ask(self, request: dict, doing: str, schemas: dict, calls: int = 1) -> dict:
         if self.ended:
             raise SubmissionProcessEnded(self.ended)
         self._ready()
@@ -542,27 +523,11 @@ class SubmissionProcess:
         overrun = f"{doing} did not finish within {allowance:.3g} s ({limit}); the process was killed"
         end = time.monotonic() + allowance
         self._seq += 1
-        request = dict(request, seq=self._seq)
         self._busy = True  # until the whole answer is read: a process busy with a request gets no "stop"
-        self._io(end, doing, overrun, send=memoryview(child.pack_message(request)))
-        for payload in payloads:
-            self._io(end, doing, overrun, send=memoryview(child.FRAME.pack(payload.numel())))
-            if payload.numel():
-                self._io(end, doing, overrun, send=memoryview(payload.numpy()).cast("B"))
+        self._io(end, doing, overrun, send=memoryview(child.pack_message(dict(request, seq=self._seq))))
         answer = self._read_answer(end, doing, overrun, schemas, self._seq)
-        try:
-            sizes = frames(answer) if frames else []
-        except BadAnswer as err:
-            self._end(f"{doing}: its process sent an answer that is not one ({err})")
-        received = []
-        for size in sizes:
-            header = self._read(end, doing, overrun, child.FRAME.size)
-            (n,) = child.FRAME.unpack(header)
-            if n != size:
-                self._end(f"{doing}: its process sent {n} bytes where {size} were expected")
-            received.append(self._read(end, doing, overrun, size))
         self._busy = False
-        return answer, received
+        return answer
 
     def _read_answer(self, end: float, doing: str, overrun: str, schemas: dict, seq: int | None = None) -> dict:
         (n,) = child.FRAME.unpack(self._read(end, doing, overrun, child.FRAME.size))
@@ -599,7 +564,6 @@ class SubmissionProcess:
         """Write all of `send` or fill all of `into` by `end` (else fail with `overrun`), reading the
         process's output meanwhile."""
         while (send is not None and len(send)) or (into is not None and len(into)):
-            interrupted()
             left = end - time.monotonic()
             if left <= 0:
                 self._end(overrun)
@@ -687,83 +651,75 @@ class SubmissionProcess:
         stop = time.monotonic() + wait_s
         while not self._exited() and time.monotonic() < stop:
             time.sleep(0.01)
-        if self._exit_info is None:
+        info = self._exit_info
+        if info is None:
             return "it closed its pipe" if self._proc.returncode is None else f"exit code {self._proc.returncode}"
-        return _exit_status(self._exit_info)
+        if info.si_code == os.CLD_EXITED and not (self.sandbox.command and info.si_status > 128):
+            return f"exit code {info.si_status}"
+        # bwrap exits with 128 + N for its program killed by signal N
+        return f"killed by signal {signal_name(info.si_status - 128 * (info.si_code == os.CLD_EXITED))}"
 
     def _end(self, message: str):
         self.ended = message
-        with shielded():
+        with _signals_held():
             self._kill()
         raise SubmissionProcessEnded(message)
 
     def _kill(self) -> None:
-        if self._proc.returncode is None:  # not reaped yet: its pid (and group id) are still its own
+        """Kill the process and everything it started: under bwrap the sandbox's first process, whose
+        PID namespace the kernel then empties before bwrap can end; without, its process group."""
+        if self._proc.returncode is not None:
+            return
+        if self._init is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self._init, signal.SIGKILL)
+        else:
             with contextlib.suppress(OSError):
                 os.killpg(self._proc.pid, signal.SIGKILL)
+        try:
+            self._proc.wait(KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.left_running = True  # stuck in the kernel: named, not waited for
             with contextlib.suppress(OSError):
                 self._proc.kill()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self._proc.wait(KILL_WAIT_S)
-        supervision.live.discard(self._proc.pid)
-        self.left_running = supervision.end_descendants()
 
     def close(self) -> None:
         """Ask the process to stop (its exit handlers run, briefly, within the deadline), then end it
-        and everything it started, read what it wrote, and remove its folder."""
+        and everything it started, read what it wrote, and remove what it was given."""
         if self._closed:
             return
         self._closed = True
-        with shielded():
-            try:
-                if not self.ended and not self._busy and self.isolation is not None and not self._exited():
-                    grace = min(STOP_GRACE_S, self.timeout, max(0.0, self.deadline - time.monotonic()))
-                    with contextlib.suppress(SubmissionProcessEnded, OSError):
-                        self._io(time.monotonic() + grace, "stopping", "stopping took too long", send=memoryview(
-                            child.pack_message({"kind": "stop"})))
-                        stop = time.monotonic() + grace
-                        while not self._exited() and time.monotonic() < stop:
-                            select.select([fd for fd in (self._out, self._pidfd) if fd is not None and fd >= 0], [],
-                                          [], min(0.1, max(0.0, stop - time.monotonic())))
-                            if self._out >= 0:
-                                self._read_output()
+        try:
+            if not self.ended and not self._busy and self._ready_done and not self._exited():
+                grace = min(STOP_GRACE_S, self.timeout, max(0.0, self.deadline - time.monotonic()))
+                with contextlib.suppress(SubmissionProcessEnded, OSError):
+                    self._io(time.monotonic() + grace, "stopping", "stopping took too long",
+                             send=memoryview(child.pack_message({"kind": "stop"})))
+                    stop = time.monotonic() + grace
+                    while not self._exited() and time.monotonic() < stop:
+                        select.select([fd for fd in (self._out, self._pidfd) if fd is not None and fd >= 0], [], [],
+                                      min(0.1, max(0.0, stop - time.monotonic())))
+                        if self._out >= 0:
+                            self._read_output()
+        finally:
+            with _signals_held():
                 self._kill()
                 while self._out >= 0 and select.select([self._out], [], [], 0)[0]:
                     self._read_output()
                 if self._line and self.on_output is not None:
                     self._show(bytes(self._line))
                     self._line.clear()
-            finally:
                 self._release()
-                supervision.__exit__(None, None, None)
 
     def _release(self) -> None:
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds = []
-        work_fd = getattr(self, "_work_fd", None)
-        if work_fd is not None:
-            self._work_fd = None
-            _empty_folder(work_fd)
+        if self._work is not None:  # without a sandbox: whatever the submission left or put in its place
             with contextlib.suppress(OSError):
-                made = os.fstat(work_fd)
-                now = os.lstat(self._work)
-                if (now.st_dev, now.st_ino) == (made.st_dev, made.st_ino):
-                    os.rmdir(self._work)
-                elif stat.S_ISDIR(now.st_mode):  # a folder the submission put in its place
-                    shutil.rmtree(self._work, ignore_errors=True)
-                else:                            # a link or a file the submission put there: not followed
+                if os.path.islink(self._work) or not os.path.isdir(self._work):
                     os.unlink(self._work)
-            os.close(work_fd)
-
-
-def _empty_folder(fd: int) -> None:
-    """Remove everything in the folder open as `fd`, following no link (whatever the submission put there)."""
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(fd):
-            with contextlib.suppress(OSError):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.name, dir_fd=fd, ignore_errors=True)
                 else:
-                    os.unlink(entry.name, dir_fd=fd)
+                    shutil.rmtree(self._work, ignore_errors=True)
+            self._work = None

@@ -3,6 +3,7 @@ passed; the verdicts and their exit codes are listed in EXIT_CODES (shown by `--
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,19 @@ Exit codes:
            here (no CUDA for the timed modes, fewer test shapes); the line says what was not checked
   128 + N  FAILED: the evaluation was stopped by signal N (SIGINT 130, SIGTERM 143)"""
 _DETAILED_FAILURES = 3  # failures printed in full at the end; the rest by their first line
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(line: str, newlines: bool = True) -> str:
+    """`line` with control characters (escape sequences, carriage returns; newlines too unless
+    `newlines`) shown as escapes: what the submission or a file name says cannot rewrite a line."""
+    shown = _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], line)
+    return shown if newlines else shown.replace("\n", "\\n")
+
+
+def shown_path(path) -> str:
+    """A file name as every line here prints it: on one line, its control characters escaped."""
+    return printable(str(path), newlines=False)
 
 
 def _geomean(values) -> float:
@@ -132,7 +146,7 @@ class Report:
 
     def summary(self) -> str:
         if self.failures:
-            lines = [f"FAILED: {len(self.failures)} problem(s) in {self.file}"]
+            lines = [f"FAILED: {len(self.failures)} problem(s) in {shown_path(self.file)}"]
             for i, failure in enumerate(self.failures):
                 text = failure if i < _DETAILED_FAILURES else failure.splitlines()[0]
                 lines.append("  - " + text.replace("\n", "\n    "))
