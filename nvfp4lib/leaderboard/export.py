@@ -19,10 +19,16 @@ can run here, builds and passes its self-check. With ``--standalone`` (`STANDALO
 path's kernel alone, built by the registry's `unchecked` builder: no validation, self-check or
 fallback, for a competitor to edit. `sections` reads a generated file's sections back.
 
+A class is inlined with the members some inlined code may read, not whole: its fields and class attributes,
+its dunders (``__init__``, ``__call__``, ``__post_init__``, ...), and each method or property whose name the
+inlined code uses as an attribute (``x.name``) or as a string constant (``hasattr(x, "name")``). A member
+taken brings what it uses, which may bring more members: a worklist, run until nothing new is read. Sound
+for this package, which never reaches a member by a computed name.
+
 Rendering: statements keep their source, comments and layout (two blank lines between definitions).
 Each module's section opens with a rule and one line, its file and the first paragraph of its docstring
-(cut with " ..." to fit). In a ``--standalone`` file each docstring is one line, its first sentence
-(cut likewise): the full text is in the package. The file's header says so."""
+(cut with " ..." to fit). Each docstring is one line, its first sentence (cut likewise): the full text is
+in the package. The file's header says so."""
 
 from __future__ import annotations
 
@@ -230,20 +236,27 @@ class _Module:
         if target is not None and target not in self.requires:
             self.requires.append(target)
 
-    def text(self, stmt: ast.stmt, brief: bool = False) -> tuple[str, list[tuple[str, str]]]:
+    def first_line(self, node: ast.stmt) -> int:
+        """Where a definition's text starts: its decorators and the comment lines right above it."""
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        while first > 1 and self.lines[first - 2].lstrip().startswith("#"):
+            first -= 1
+        return first
+
+    def text(self, stmt: ast.stmt, brief: bool = False, drop=()) -> tuple[str, list[tuple[str, str]]]:
         """The statement's source (with its decorators, the comment lines right above it and an
         attribute docstring right below), minus function-local nvfp4lib imports, which are
-        returned as (module, name) pairs to inline instead."""
-        first = min([stmt.lineno] + [d.lineno for d in getattr(stmt, "decorator_list", [])])
-        while first > 1 and self.lines[first - 2].startswith("#"):
-            first -= 1
+        returned as (module, name) pairs to inline instead, and minus the class members of `drop`."""
+        first = self.first_line(stmt)
         last = stmt.end_lineno
         following = self.body[self.body.index(stmt) + 1:][:1]
         if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and following and _is_docstring(following[0]):
             last = following[0].end_lineno
         lines = {n: self.lines[n - 1] for n in range(first, last + 1)}
+        for member in drop:
+            _drop_lines(lines, self.first_line(member), member.end_lineno)
         needed = []
-        for parent in ast.walk(stmt):
+        for parent in _walk(stmt, drop):
             for body in (getattr(parent, f, None) for f in ("body", "orelse", "finalbody")):
                 for node in body if isinstance(body, list) else ():
                     target = self._local_package_import(node)
@@ -256,8 +269,8 @@ class _Module:
                         del lines[node.end_lineno + 1]
                     if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
-        if brief:  # --standalone: each docstring cut to its first sentence
-            docs = [n.body[0] for n in ast.walk(stmt) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
+        if brief:  # each docstring cut to its first sentence
+            docs = [n.body[0] for n in _walk(stmt, drop) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
             for doc in docs + [f for f in following if last == f.end_lineno and last > stmt.end_lineno]:
                 _shorten_docstring(lines, doc)
         return "\n".join(lines[n] for n in sorted(lines)), needed
@@ -273,6 +286,48 @@ class _Module:
         if target is not None and any(a.asname for a in node.names):
             raise ExportError(f"{self.file}:{node.lineno}: a renamed import cannot be inlined")
         return target
+
+
+def _walk(node: ast.AST, skip=()):
+    """`ast.walk`, not entering the nodes of `skip`."""
+    todo = [node]
+    while todo:
+        node = todo.pop(0)
+        if node not in skip:
+            yield node
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _drop_lines(lines: dict[int, str], first: int, last: int) -> None:
+    """Remove lines `first` to `last` of a statement's text, and the blank line that then doubles another (or
+    ends the text)."""
+    for n in range(first, last + 1):
+        lines.pop(n, None)
+    before = [n for n in lines if n < first]
+    after = [n for n in lines if n > last]
+    if after and before and not lines[min(after)].strip() and not lines[max(before)].strip():
+        del lines[min(after)]
+    while not after and before and not lines[before[-1]].strip():
+        del lines[before.pop()]
+
+
+def _members(cls: ast.ClassDef) -> dict[str, ast.stmt]:
+    """The methods and properties of a class a file may leave out: all but the dunders (``__init__``,
+    ``__call__``, ``__post_init__``, ...), which Python calls by itself."""
+    return {node.name: node for node in cls.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and not (node.name.startswith("__") and node.name.endswith("__"))}
+
+
+def _attribute_names(source: str) -> set[str]:
+    """The attribute names a piece of code may read: every ``x.name``, and every string constant that is an
+    identifier (``hasattr(x, "name")``, ``getattr(x, "name", None)``)."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.isidentifier():
+            names.add(node.value)
+    return names
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
@@ -308,6 +363,8 @@ class _Inliner:
         self.imports: set[tuple] = set()  # third-party and standard-library imports
         self.owner: dict[str, str] = {name: "the generated entry point" for name in reserved}
         self._done: set[tuple[str, str]] = set()
+        self.attributes: set[str] = set()  # attribute names the taken code reads (`_attribute_names`)
+        self.classes: dict[int, tuple[_Module, ast.ClassDef, str]] = {}  # id(stmt) -> (module, class, label)
 
     def module(self, name: str) -> _Module:
         if name not in self.modules:
@@ -353,12 +410,27 @@ class _Inliner:
         if id(stmt) in taken:
             return
         taken[id(stmt)] = stmt
-        self.texts[id(stmt)], local_imports = mod.text(stmt, self.brief)
+        if isinstance(stmt, ast.ClassDef):
+            self.classes[id(stmt)] = (mod, stmt, label)
+        self._render(mod, stmt, label)
+
+    def _render(self, mod: _Module, stmt: ast.stmt, label: str) -> None:
+        """Take the statement's text, and what it uses: for a class, the members some taken code may read."""
+        drop = () if not isinstance(stmt, ast.ClassDef) else \
+            [node for name, node in _members(stmt).items() if name not in self.attributes]
+        text, local_imports = mod.text(stmt, self.brief, drop)
+        self.texts[id(stmt)] = text
         for target, original in local_imports:
             self.need(target, original, label)
-        provided = bound | {original for _, original in local_imports}
-        for ref in sorted(_global_references(self.texts[id(stmt)]) - provided):
+        provided = _bound_names(stmt) | {original for _, original in local_imports}
+        for ref in sorted(_global_references(text) - provided):
             self.need(mod.name, ref, label)
+        new = _attribute_names(text) - self.attributes
+        if new:  # members of the classes taken so far that the code may now read
+            self.attributes |= new
+            for key, (owner, cls, cls_label) in list(self.classes.items()):
+                if new & set(_members(cls)):
+                    self._render(owner, cls, cls_label)
 
     def module_order(self) -> list[str]:
         """Modules with the ones they import at top level first, as Python would run them: sorted
@@ -483,7 +555,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         objects = [entry]
     else:
         objects = [spec.entry] + (table if spec.candidates else [describe_backend])
-    imports, code = inline_objects(objects, reserved=generated, brief=spec.standalone)
+    imports, code = inline_objects(objects, reserved=generated, brief=True)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
@@ -496,7 +568,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         f"# Generated by nvfp4lib {nvfp4lib.__version__} with `{command}`.",
         "# Below the imports is nvfp4lib's own source, inlined module by module (each section names",
         f"# its file), then the generated entry point. It needs only {needs}.",
-        *(["# Its docstrings are cut to their first sentence; the full text is in nvfp4lib."] if standalone else []),
+        "# Its docstrings are cut to their first sentence; the full text is in nvfp4lib.",
     ]
     if spec.standalone:
         setup = ["NEEDS_CUDA = True  # the local leaderboard skips this file where there is no CUDA GPU",
