@@ -120,7 +120,7 @@ def test_hopper_fast_kernels_decode_with_a_register_lookup(ptx, variant):
 @pytest.mark.parametrize("config", ["WIDE", "TILED"])
 def test_default_configs_keep_the_lookup_table_in_registers(config):
     """Warp 0 stores a copy of the table per lane in shared memory, each lane loads its own, and A's
-    lookups take the table from registers (`cute_decode.lut_table`); B's decode in the tiled kernel's
+    lookups take the table from registers (`generic_kernels.lut_table`); B's decode in the tiled kernel's
     prologue may keep the immediates."""
     cfg = getattr(generic, config)
     text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)

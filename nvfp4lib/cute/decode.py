@@ -6,23 +6,24 @@ Three decodes of a 32-bit word of 8 codes, picked per target when a kernel is co
 * "hw" (sm_100a and newer): Blackwell's ``cvt.rn.f16x2.e2m1x2``, one instruction per byte
   (`decode_word_hw`); true fp16 values.
 * "lut" (Hopper's default): ``prmt`` looks the codes up in a byte table of twice their magnitudes held
-  in two immediates (`decode_word_lut`) or in two registers (`lut_table` says why), and integer ``dp4a``
-  multiplies (`block_dot_lut`).
+  in two immediates or in two registers (`decode_word_lut`), and integer ``dp4a`` multiplies
+  (`block_dot_lut2`).
 * "bitops" (any target): integer operations rebuild the fp16 bit patterns, which come out as the value
   times 2^-14 (`decode_word_bitops`).
 
 A 16-code block (2 words of A against 2 of B) is summed exactly, in packed fp16 (`block_dot`) or in int32
-(`block_dot_lut`); `DECODE_FACTOR` undoes what the decode scaled the products by and is folded into B's block
-scale (the constants are in `nvfp4lib.cute.constants`). Plain Python helpers: a kernel calls them while it is
-traced, so they emit their instructions inline; the study wing (`nvfp4lib.study.decode_models`) models each of
-them bit for bit in numpy."""
+(`block_dot_lut2`); `DECODE_FACTOR` undoes what the decode scaled the products by and is folded into B's block
+scale (the constants are in `nvfp4lib.cute.constants`). A chunk of B is decoded once (`decode_b_chunk`) and
+added to every row's accumulator (`accumulate_chunk`), as the per-K kernels do; the generic kernels' forms
+(B negated for `block_dot_lut`, the table in registers) are theirs, in `nvfp4lib.study.generic_kernels`.
+Plain Python helpers: a kernel calls them while it is traced, so they emit their instructions inline; the
+study wing (`nvfp4lib.study.decode_models`) models each of them bit for bit in numpy."""
 
 from __future__ import annotations
 
 from nvfp4lib.cute.constants import DECODE_FACTOR, FP16X2_2_POW_14, LUT_HI, LUT_LO, SIGN_BITS
 from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, dp4a, e2m1x8_to_f16x2, e4m3x2_to_f32, fma_rn_f16x2, fma_rn_f32,
-                               half2_to_f32_pair, ld_shared, prmt, prmt_lookup, prmt_table, s32_to_f32, smem_words,
-                               st_shared)
+                               half2_to_f32_pair, prmt, prmt_lookup, prmt_table, s32_to_f32)
 
 
 def decode_factor(decode: str):
@@ -98,23 +99,6 @@ def lookup4(selectors, table=None):
     return prmt_lookup(table[0], table[1], selectors)
 
 
-def lut_table_smem(smem) -> Int32:
-    """Shared memory for one copy of the lookup table per lane (`lut_table`), as a shared address."""
-    return smem_words(smem, 2 * 32, 8)
-
-
-def store_lut_table(table_addr, lane):
-    """Lane ``lane``'s copy of (LUT_LO, LUT_HI); warp 0 stores them, before a barrier."""
-    st_shared(table_addr + lane * 8, [Int32(LUT_LO), Int32(LUT_HI)])
-
-
-def lut_table(table_addr, lane):
-    """The lookup table as two registers, each lane reading its own copy. As immediates (`prmt_table`)
-    or as one warp-uniform load, ptxas holds the first word in a uniform register and moves it into
-    a register again before most `prmt`; a per-lane load is a value it keeps in a register."""
-    return ld_shared(table_addr + lane * 8, Int32, 2)
-
-
 def decode_word_lut(word, table=None):
     """8 E2M1 codes -> 2|v| bytes of the positive codes and of the negative ones. Returns (pos 0-3, pos 4-7, neg 0-3,
     neg 4-7): four words of 4 bytes, a byte 0 where the code has the other sign. a . b = pos . b + neg . (-b) then
@@ -130,46 +114,10 @@ def negate_bytes(v):
     return Int32((Uint32(0x80808080) - Uint32(v)) ^ Uint32(0x80808080))
 
 
-def decode_b_word_lut(word, table=None):
-    """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
+def decode_b_signed(word, table=None):
+    """8 E2M1 codes of B -> 2v as signed bytes: (b 0-3, b 4-7), the words `block_dot_lut2` takes."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
-    return (pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
-            neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
-
-
-def decode_b_word_as(word, decode: str, table=None, negated: bool = True):
-    """8 E2M1 codes of B -> the words that ``decode``'s block dot takes: 4 half2 (`decode_b_word`), or for
-    "lut" the signed bytes and, with ``negated``, their negation (`decode_b_word_lut`: 4 words for
-    `block_dot_lut`; without, 2 words for `block_dot_lut2`). ``table``: see `lookup4`."""
-    if decode != "lut":
-        return decode_b_word(word, decode == "hw")
-    return decode_b_word_lut(word, table)[:4 if negated else 2]  # the negation unused: never traced into PTX
-
-
-def decode_b_chunk(words, decode: str, table=None, negated: bool = True) -> list:
-    """A 16-byte chunk of B (4 words) decoded for `chunk_dots`: the words of `decode_b_word_as`, in order."""
-    return [x for w in range(4) for x in decode_b_word_as(words[w], decode, table, negated)]
-
-
-def chunk_dots(a_words, b_dec, decode: str, table=None, negated: bool = True):
-    """The two 16-element block sums of a 16-byte chunk: 4 words of A against B's chunk decoded by
-    `decode_b_chunk` with the same ``negated`` (exact; `DECODE_FACTOR` times the true sums). ``table``:
-    see `lookup4`."""
-    if decode != "lut":
-        return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
-    dot, half = (block_dot_lut, 8) if negated else (block_dot_lut2, 4)
-    return dot(a_words[0:2], b_dec[0:half], table), dot(a_words[2:4], b_dec[half:2 * half], table)
-
-
-def block_dot_lut(a_words, b_bytes, table=None):
-    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32. Exact:
-    |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude."""
-    acc = Int32(0)
-    for w in range(2):
-        parts = decode_word_lut(a_words[w], table)
-        for i in range(4):
-            acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
-    return s32_to_f32(acc)
+    return pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi)
 
 
 def block_dot_lut2(a_words, b_signed, table=None):
@@ -196,20 +144,31 @@ def scaled_b(sfb_pair, decode: str):
     return sb0 * factor, sb1 * factor
 
 
-def accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, table=None, per_k: bool = False):
+def decode_b_chunk(words, decode: str, table=None) -> list:
+    """A 16-byte chunk of B (4 words) decoded for `chunk_dots`: 4 half2 per word (`decode_b_word`), or for
+    "lut" 2 words of signed bytes (`decode_b_signed`)."""
+    if decode != "lut":
+        return [x for w in range(4) for x in decode_b_word(words[w], decode == "hw")]
+    return [x for w in range(4) for x in decode_b_signed(words[w], table)]
+
+
+def chunk_dots(a_words, b_dec, decode: str, table=None):
+    """The two 16-element block sums of a 16-byte chunk: 4 words of A against B's chunk (`decode_b_chunk`),
+    exact, `DECODE_FACTOR` times the true sums. ``table``: see `lookup4`."""
+    if decode != "lut":
+        return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+    return block_dot_lut2(a_words[0:2], b_dec[0:4], table), block_dot_lut2(a_words[2:4], b_dec[4:8], table)
+
+
+def accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, table=None):
     """acc[r] += the two scaled block sums of row r's chunk (``a_chunks[r]``: 4 words, ``sfa_pairs[r]``
-    its scales) against one chunk of B (``b_dec``: `decode_b_chunk` with ``negated=not per_k``; ``sb``:
-    `scaled_b`), for every row. ``per_k`` (the per-K kernels): B's signed bytes alone, and each block
-    added with ``fma.rn.f32(sa * sb, block sum, acc)``, block 0 then 1, the order
-    `nvfp4lib.study.whole_k_model` reproduces; else ``acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)``, as the
-    compiler contracts it."""
+    its scales) against one chunk of B (``b_dec``: `decode_b_chunk`; ``sb``: `scaled_b`), for every row,
+    each block added with ``fma.rn.f32(sa * sb, block sum, acc)``, block 0 then 1: the order
+    `nvfp4lib.study.whole_k_model` reproduces."""
     for r in range(len(a_chunks)):
         sa0, sa1 = e4m3x2_to_f32(sfa_pairs[r])
-        d0, d1 = chunk_dots(a_chunks[r], b_dec, decode, table, negated=not per_k)
-        if per_k:
-            acc[r] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[r]))
-        else:
-            acc[r] = acc[r] + d0 * (sa0 * sb[0]) + d1 * (sa1 * sb[1])
+        d0, d1 = chunk_dots(a_chunks[r], b_dec, decode, table)
+        acc[r] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[r]))
 
 
 def loads_xor(values):

@@ -223,13 +223,13 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
             if cutlass.const_expr(decode != "lut"):  # the fp16 decodes: B's words carry the dependency
                 b_words = [[w ^ zero for w in words] for words in b_words]
             for i in cutlass.range_constexpr(C):  # chunk i of every row of the thread, against one decode of B's
-                b_dec = decode_b_chunk(b_words[i], decode, table, negated=False)
+                b_dec = decode_b_chunk(b_words[i], decode, table)
                 chunk = (acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, table)
                 if cutlass.const_expr(partial_chunks[i]):
                     if t < n_chunks - i * P:  # threads past the row's end skip it (whole warps where 32 | K/32)
-                        accumulate_chunk(*chunk, per_k=True)
+                        accumulate_chunk(*chunk)
                 else:
-                    accumulate_chunk(*chunk, per_k=True)
+                    accumulate_chunk(*chunk)
         else:
             touched = loads_xor(b_words + a_words + [sfb_pairs + sfa_pairs])
             for q in cutlass.range_constexpr(Q):

@@ -213,14 +213,14 @@ def negate_bytes(v) -> np.ndarray:
 
 
 def decode_b_word_lut(word) -> list[np.ndarray]:
-    """`cute.decode.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
+    """`study.generic_kernels.decode_b_word_lut`: signed bytes 2v of codes 0-3, 4-7, then -2v."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
     return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi)]
 
 
 # ---------------------------------------------------------------------------------------------
-# One 16-code block and one chunk, as cute.decode.block_dot / block_dot_lut and cute.gemv compute them
+# One 16-code block and one chunk, as cute.decode.block_dot and study.generic_kernels.block_dot_lut compute them
 
 
 HW_BLOCK = tuple(((w, i), (w, i)) for w in range(2) for i in range(4))

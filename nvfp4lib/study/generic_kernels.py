@@ -10,7 +10,7 @@ The fast kernel gives each warp ``rows_per_warp`` rows of one batch at a time (a
 groups grid-stride). The lanes split K in 16-byte chunks (32 codes, two 16-element scale blocks), so every load
 of A is a 128-bit load and one warp-instruction reads 512 contiguous bytes of a row. B is decoded once per
 chunk and reused for all rows of the warp. Each 16-element block is summed exactly
-(`nvfp4lib.cute.decode.chunk_dots`), then scaled and accumulated in fp32, reduced over the warp with shuffles,
+(`generic_chunk_dots`), then scaled and accumulated in fp32, reduced over the warp with shuffles,
 and written as fp16. By default it reads the plain scales ``sfa``/``sfb`` (64 contiguous bytes per warp load);
 the permuted tensor-core layout is an option, slower for this access pattern (docs/cute_kernel_notes.md)."""
 
@@ -21,11 +21,13 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS
-from nvfp4lib.cute.decode import (accumulate_chunk, chunk_dots, decode_b_chunk, decode_b_word_as, decode_factor,
-                                  loads_xor, lut_table, lut_table_smem, scaled_b, store_lut_table)
+from nvfp4lib.cute.constants import LUT_HI, LUT_LO
+from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_lut, loads_xor,
+                                  negate_bytes, scaled_b)
 from nvfp4lib.cute.gemv import MAX_ROWS_PER_BLOCK, OneKernelForEveryK, row_blocks
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, ld_global_u16_if,
-                               ld_global_v4_if, ld_shared, prefetch_l2_if, smem_allocator, smem_words, st_shared)
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, dp4a, e4m3x2_to_f32, ld_global_u16_if,
+                               ld_global_v4_if, ld_shared, prefetch_l2_if, s32_to_f32, smem_allocator, smem_words,
+                               st_shared)
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,74 @@ class FastConfig(OneKernelForEveryK):
                 row_blocks(self.rows_per_block, sm_count() * self.blocks_per_sm))
 
 
+# --------------------------------------------------------------------------- the generic kernels' block sums
+# B decoded once per chunk (for "lut" with its negation, for `block_dot_lut`), the table optionally in
+# registers, and each chunk added as the compiler contracts it; the per-K kernels use `nvfp4lib.cute.decode`'s
+# forms (B's signed bytes alone, `block_dot_lut2`, one ``fma.rn.f32`` per block).
+
+
+def lut_table_smem(smem) -> Int32:
+    """Shared memory for one copy of the lookup table per lane (`lut_table`), as a shared address."""
+    return smem_words(smem, 2 * 32, 8)
+
+
+def store_lut_table(table_addr, lane):
+    """Lane ``lane``'s copy of (LUT_LO, LUT_HI); warp 0 stores them, before a barrier."""
+    st_shared(table_addr + lane * 8, [Int32(LUT_LO), Int32(LUT_HI)])
+
+
+def lut_table(table_addr, lane):
+    """The lookup table as two registers, each lane reading its own copy. As immediates (`prmt_table`)
+    or as one warp-uniform load, ptxas holds the first word in a uniform register and moves it into
+    a register again before most `prmt`; a per-lane load is a value it keeps in a register."""
+    return ld_shared(table_addr + lane * 8, Int32, 2)
+
+
+def decode_b_word_lut(word, table=None):
+    """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
+    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
+    return (pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
+            neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
+
+
+def decode_b_word_as(word, decode: str, table=None):
+    """8 E2M1 codes of B -> the words that ``decode``'s block dot takes here: 4 half2 (`decode_b_word`), or for
+    "lut" the signed bytes and their negation (`decode_b_word_lut`, for `block_dot_lut`). ``table``: see
+    `cute.decode.lookup4`."""
+    if decode != "lut":
+        return decode_b_word(word, decode == "hw")
+    return decode_b_word_lut(word, table)
+
+
+def block_dot_lut(a_words, b_bytes, table=None):
+    """4 x the sum of a 16-element block (2 words of A, 8 words of B bytes), in integers, as fp32. Exact:
+    |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude."""
+    acc = Int32(0)
+    for w in range(2):
+        parts = decode_word_lut(a_words[w], table)
+        for i in range(4):
+            acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
+    return s32_to_f32(acc)
+
+
+def generic_chunk_dots(a_words, b_dec, decode: str, table=None):
+    """The two 16-element block sums of a 16-byte chunk: 4 words of A against B's chunk decoded by
+    `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums)."""
+    if decode != "lut":
+        return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+    return block_dot_lut(a_words[0:2], b_dec[0:8], table), block_dot_lut(a_words[2:4], b_dec[8:16], table)
+
+
+def generic_accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, table=None):
+    """acc[r] += the two scaled block sums of row r's chunk (``a_chunks[r]``: 4 words, ``sfa_pairs[r]`` its
+    scales) against one chunk of B (``b_dec``: `decode_b_word_as` of its 4 words; ``sb``: `scaled_b`), for
+    every row: ``acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)``, as the compiler contracts it."""
+    for r in range(len(a_chunks)):
+        sa0, sa1 = e4m3x2_to_f32(sfa_pairs[r])
+        d0, d1 = generic_chunk_dots(a_chunks[r], b_dec, decode, table)
+        acc[r] = acc[r] + d0 * (sa0 * sb[0]) + d1 * (sa1 * sb[1])
+
+
 # --------------------------------------------------------------------------- fast kernel
 
 
@@ -97,11 +167,11 @@ def _stage_snapshot(stage):
 
 
 def _accumulate_step_chunk(values, u: int, rows: int, unroll: int, acc, decode: str, table):
-    """acc[r] += the dot products of chunk u of one step (`nvfp4lib.cute.decode.accumulate_chunk`)."""
+    """acc[r] += the dot products of chunk u of one step (`generic_accumulate_chunk`)."""
     a, sfa, b, sfb = values
     a_chunks = [a[(r * unroll + u) * 4:(r * unroll + u) * 4 + 4] for r in range(rows)]
-    accumulate_chunk(acc, a_chunks, sfa[u::unroll], decode_b_chunk(b[4 * u:4 * u + 4], decode, table),
-                     scaled_b(sfb[u], decode), decode, table)
+    b_dec = [x for w in range(4) for x in decode_b_word_as(b[4 * u + w], decode, table)]
+    generic_accumulate_chunk(acc, a_chunks, sfa[u::unroll], b_dec, scaled_b(sfb[u], decode), decode, table)
 
 
 def scale_offset(chunk, permuted: bool):
@@ -362,7 +432,7 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                         b_dec.extend(ld_shared(b_addr + (w * max_chunks + col) * 16, Int32, 4))
                     sb0, sb1 = ld_shared(s_addr + col * 8, Float32, 2)
                     sa0, sa1 = e4m3x2_to_f32(sfa_now[u])
-                    d0, d1 = chunk_dots(words, b_dec, decode, table)
+                    d0, d1 = generic_chunk_dots(words, b_dec, decode, table)
                     acc = acc + d0 * (sa0 * sb0) + d1 * (sa1 * sb1)
                 else:
                     acc = acc + loads_xor([[sfa_now[u]], words])

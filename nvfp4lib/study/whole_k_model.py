@@ -92,8 +92,8 @@ def fp16_accumulation_check(decode: str, products_per_lane: int = 8) -> dict:
 
 
 def lut_accumulation_check() -> dict:
-    """The lookup decode's integers: every code's 2|v| (A) and 2v (B) as `cute.decode.decode_b_word_as` ("lut", not
-    negated) and `decode_word_lut` produce them for every byte, and the largest accumulator of a 16-code block."""
+    """The lookup decode's integers: every code's 2|v| (A) and 2v (B) as `cute.decode.decode_b_signed`
+    and `decode_word_lut` produce them for every byte, and the largest accumulator of a 16-code block."""
     words = np.arange(256, dtype=np.uint32) * 0x01010101  # each byte value in every byte of a word
     pos_lo, _, neg_lo, _ = decode_word_lut(words)
     b_lo, _ = decode_b_signed(words)
@@ -115,7 +115,7 @@ def lut_accumulation_check() -> dict:
 
 
 def decode_b_signed(word) -> list[np.ndarray]:
-    """`cute.decode.decode_b_word_as` ("lut", not negated): B's 2v as signed bytes, codes 0-3 then 4-7."""
+    """`cute.decode.decode_b_signed`: B's 2v as signed bytes, codes 0-3 then 4-7."""
     pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word)
     return [pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi)]
 
