@@ -19,11 +19,9 @@ can run here, builds and passes its self-check. With ``--standalone`` (`STANDALO
 path's kernel alone, built by the registry's `unchecked` builder: no validation, self-check or
 fallback, for a competitor to edit. `sections` reads a generated file's sections back.
 
-A class is inlined with the members some inlined code may read, not whole: its fields and class attributes,
-its dunders (``__init__``, ``__call__``, ``__post_init__``, ...), and each method or property whose name the
-inlined code uses as an attribute (``x.name``) or as a string constant (``hasattr(x, "name")``). A member
-taken brings what it uses, which may bring more members: a worklist, run until nothing new is read. Sound
-for this package, which never reaches a member by a computed name.
+A class comes with its fields, class attributes and dunders, and each method or property whose name the inlined
+code uses as an attribute (``x.name``) or a string (``hasattr(x, "name")``); a member brings what it uses, until
+nothing new is read. Sound for this package, which never reaches a member by a computed name.
 
 Rendering: statements keep their source, comments and layout (two blank lines between definitions).
 Each module's section opens with a rule and one line, its file and the first paragraph of its docstring
@@ -243,7 +241,7 @@ class _Module:
             first -= 1
         return first
 
-    def text(self, stmt: ast.stmt, brief: bool = False, drop=()) -> tuple[str, list[tuple[str, str]]]:
+    def text(self, stmt: ast.stmt, drop=()) -> tuple[str, list[tuple[str, str]]]:
         """The statement's source (with its decorators, the comment lines right above it and an
         attribute docstring right below), minus function-local nvfp4lib imports, which are
         returned as (module, name) pairs to inline instead, and minus the class members of `drop`."""
@@ -269,10 +267,9 @@ class _Module:
                         del lines[node.end_lineno + 1]
                     if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
-        if brief:  # each docstring cut to its first sentence
-            docs = [n.body[0] for n in _walk(stmt, drop) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
-            for doc in docs + [f for f in following if last == f.end_lineno and last > stmt.end_lineno]:
-                _shorten_docstring(lines, doc)
+        docs = [n.body[0] for n in _walk(stmt, drop) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
+        for doc in docs + [f for f in following if last == f.end_lineno and last > stmt.end_lineno]:
+            _shorten_docstring(lines, doc)  # each docstring cut to its first sentence
         return "\n".join(lines[n] for n in sorted(lines)), needed
 
     def _local_package_import(self, node) -> str | None:
@@ -355,8 +352,7 @@ def _import_line(item: tuple) -> str:
 class _Inliner:
     """Collects the statements some nvfp4lib objects need, following names transitively."""
 
-    def __init__(self, reserved: tuple[str, ...] = (), brief: bool = False):
-        self.brief = brief
+    def __init__(self, reserved: tuple[str, ...] = ()):
         self.modules: dict[str, _Module] = {}
         self.taken: dict[str, dict[int, ast.stmt]] = {}  # module -> {id(stmt): stmt}, in order taken
         self.texts: dict[int, str] = {}  # id(stmt) -> its source as inlined
@@ -418,7 +414,7 @@ class _Inliner:
         """Take the statement's text, and what it uses: for a class, the members some taken code may read."""
         drop = () if not isinstance(stmt, ast.ClassDef) else \
             [node for name, node in _members(stmt).items() if name not in self.attributes]
-        text, local_imports = mod.text(stmt, self.brief, drop)
+        text, local_imports = mod.text(stmt, drop)
         self.texts[id(stmt)] = text
         for target, original in local_imports:
             self.need(target, original, label)
@@ -482,10 +478,10 @@ class _Inliner:
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
-def inline_objects(objects: list, reserved: tuple[str, ...] = (), brief: bool = False) -> tuple[str, str]:
+def inline_objects(objects: list, reserved: tuple[str, ...] = ()) -> tuple[str, str]:
     """(imports, code): the source of nvfp4lib `objects` and of everything they use, module by
     module in import order. `reserved` are names the caller defines itself (clashes are errors)."""
-    inliner = _Inliner(reserved, brief)
+    inliner = _Inliner(reserved)
     for obj in objects:
         module = getattr(obj, "__module__", None)
         if not _is_package_module(module) or not hasattr(obj, "__name__"):
@@ -555,7 +551,7 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         objects = [entry]
     else:
         objects = [spec.entry] + (table if spec.candidates else [describe_backend])
-    imports, code = inline_objects(objects, reserved=generated, brief=True)
+    imports, code = inline_objects(objects, reserved=generated)
     needs = "torch (and the CuTe DSL for the CuTe kernel)" if "import cutlass" in imports else "torch"
     command = " ".join([f"python -m nvfp4lib.leaderboard.export --path {path}"]
                        + ([f"--streams {streams}"] if streams is not None else [])
