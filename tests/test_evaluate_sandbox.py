@@ -98,6 +98,44 @@ def test_benchmark_times_the_evaluators_clock_cannot_explain_are_a_fail():
     assert message.endswith("those times were not measured honestly")
 
 
+class ClockHeld(SubmissionProcess):
+    """A SubmissionProcess with no process behind it: only its hold of times to the clock runs."""
+
+    def __init__(self, cost_before_s: float, cost_now_s: float):
+        self.device, self.ended = torch.device("cuda"), None
+        self.call_cost_s, self.cost_now_s = cost_before_s, cost_now_s
+
+    def _call_cost_now(self) -> float:
+        return self.cost_now_s
+
+    def _end(self, message: str):
+        raise processes.SubmissionProcessEnded(message)
+
+
+@pytest.mark.parametrize("calls, took, sent_us, before, now, honest", [
+    (5, 0.0373, 22.8, 2494e-6, 2494e-6, False),    # wall time no time sent and no call cost explain
+    (5, 0.0373, 22.8, 2494e-6, 7.5e-3, True),      # the same on a GPU three times as busy as before the import
+    (5, 0.0501, 183.2, 2559e-6, 9.8e-3, True),     # measured: a naive kernel while two test runs shared the GPU
+    (14, 0.102, 1e-3, 2550e-6, 2550e-6, False),    # measured: a file that rewrote its timer, alone on the GPU
+    (14, 0.102, 1e-3, 2550e-6, 1e-3, False),       # a GPU less busy now than then keeps the earlier cost
+])
+def test_the_wall_clock_check_uses_what_a_call_of_nothing_costs_now_on_a_busier_gpu(calls, took, sent_us, before,
+                                                                                     now, honest):
+    held = ClockHeld(before, now)
+    if honest:
+        held._hold_to_clock([sent_us] * calls, took)
+    else:
+        with pytest.raises(processes.SubmissionProcessEnded, match="those times were not measured honestly"):
+            held._hold_to_clock([sent_us] * calls, took)
+
+
+@pytest.mark.gpu
+def test_a_call_of_nothing_is_timed_here_and_gives_back_its_memory():
+    reserved = torch.cuda.memory_reserved()
+    assert 0 < SubmissionProcess._call_cost_now() < 1.0
+    assert torch.cuda.memory_reserved() == reserved
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. The submission's processes cannot reach the evaluator
 

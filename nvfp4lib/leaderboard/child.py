@@ -75,7 +75,7 @@ def describe(err: BaseException) -> str:
     return text(f"raised {text(type(err).__name__, 200)}" + (f": {message}" if message else ""))
 
 
-def _inside(path: str, folder: str) -> bool:
+def inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
@@ -392,12 +392,12 @@ def _guard(config: dict) -> None:
     def refuse_package_files(event, args):
         if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             path = os.path.realpath(os.fsdecode(args[0]))
-            if any(_inside(path, folder) for folder in folders):
+            if any(inside(path, folder) for folder in folders):
                 raise PermissionError(f"{os.fsdecode(args[0])}: a submission cannot read {package}'s files")
 
     def reaches(entry: str) -> bool:
         real = os.path.realpath(entry or os.curdir)
-        return real in parents or any(_inside(real, folder) for folder in folders)
+        return real in parents or any(inside(real, folder) for folder in folders)
 
     sys.path[:] = [p for p in sys.path if not reaches(p)]
     sys.path_importer_cache.clear()

@@ -35,7 +35,7 @@ from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.leaderboard.judge import judge, timed_problem, too_fast
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
-                                          signals_as_failures)
+                                          signal_name, signals_as_failures)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
                                            RANKED_SEED_STEP, TIMED, TIMED_PHASES, BadArgument, check_integer,
                                            check_seconds, check_secret_seed, data_seed, seed_of_benchmark,
@@ -56,20 +56,16 @@ class CheckFailed(AssertionError):
     """A ranked timed call's result was judged wrong (the message says how)."""
 
 
-def _device() -> torch.device:
-    return torch.device("cuda" if capabilities().cuda else "cpu")
-
-
 def import_isolated(paths, expression: str = "submission.custom_kernel.__name__", timeout: float = TIME_LIMIT_S):
     """Import each file in a fresh process of the kind `evaluate` runs submissions in (nvfp4lib out
     of reach; none sees what an earlier file did) and evaluate `expression` there with the module
     bound to `submission` -> {path: (ok, value or error)}. `timeout` bounds the whole run."""
     deadline = time.monotonic() + check_seconds("timeout", timeout)
-    results = {}
+    results, device = {}, torch.device("cuda" if capabilities().cuda else "cpu")
     for path in (str(Path(p).resolve()) for p in paths):
         try:
             source = read_submission(path)
-            with SubmissionProcess(_device(), timeout, deadline, timeout) as process:
+            with SubmissionProcess(device, timeout, deadline, timeout) as process:
                 loaded = process.load(path, expression, source)
             results[path] = (True, loaded.value) if loaded.ok else (False, loaded.error)
         except (SubmissionError, SubmissionProcessEnded) as err:
@@ -353,8 +349,8 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
                     break
     except EvaluationInterrupted as err:
         report.interrupted = err.signum
-        stopped.append(f"the evaluation was stopped by {err.name} (sent by the submission's processes or from "
-                       f"outside); everything the submission started was ended")
+        stopped.append(f"the evaluation was stopped by {signal_name(err.signum)} (sent by the submission's processes "
+                       f"or from outside); everything the submission started was ended")
     except OSError as err:  # e.g. no room left for a work folder or a pipe
         stopped.append(f"the evaluation could not go on: {err.strerror or err} (the evaluator's own resources: has "
                        f"the submission filled the disk or the process table?)")

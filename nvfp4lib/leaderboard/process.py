@@ -64,9 +64,9 @@ OUTPUT_SHOWN_BYTES = 1 << 20    # shown line by line (show_output) up to this mu
 OUTPUT_PREFIX = "[submission] "
 # What a timed call that does nothing costs here, measured before the file is imported: these many calls.
 BASELINE_RULE = StoppingRule(max_calls=20, budget_s=1e9, min_wall_s=1e9)
-# Benchmark mode's timed calls may take this much longer here than the times sent back, their
-# harness's own cost and these slacks explain: each time times WALL_SHARE, a slack per call, and
-# one per run (a CPU's wall clock, shared with everything else on the machine, gets more).
+# Timed calls may take this much longer here than the times sent back, 1.25 times their harness's
+# own cost and these slacks explain: each time times WALL_SHARE, a slack per call, and one per run
+# (a CPU's wall clock, shared with everything else on the machine, gets more).
 WALL_SHARE, WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 1.25, 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
 _PAGE = 4096
 _PIPE_BYTES = 1 << 20
@@ -84,10 +84,6 @@ class EvaluationInterrupted(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
-
-    @property
-    def name(self) -> str:
-        return signal_name(self.signum)
 
 
 def signal_name(signum: int) -> str:
@@ -161,10 +157,6 @@ class Sandbox:
     description: str
 
 
-def _under(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder + os.sep)
-
-
 @functools.cache
 def sandbox(cuda: bool) -> Sandbox:
     """The sandbox submissions run in here (`cuda`: with the NVIDIA device files), tried once."""
@@ -184,7 +176,7 @@ def sandbox(cuda: bool) -> Sandbox:
     needed = [sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path,
               *os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)]  # the interpreter's, where it lies in /tmp
     for path in sorted({os.path.realpath(p) for p in needed if p and os.path.isdir(p)}):
-        if _under(path, "/tmp"):
+        if child.inside(path, "/tmp"):
             command += ["--ro-bind", path, path]
     command += ["--dir", SANDBOX_WORK, "--chdir", SANDBOX_WORK, "--ro-bind", str(CHILD_PROGRAM), SANDBOX_CHILD,
                 "--setenv", "TMPDIR", "/tmp", *(a for item in TOOL_CACHES.items() for a in ("--setenv", *item))]
@@ -436,21 +428,34 @@ class SubmissionProcess:
                                      for i, d in enumerate(outputs)], answer["device"])
 
     def _hold_to_clock(self, samples: list[float], took: float) -> None:
-        """The times of a run of timed calls against how long the run took here (see `time`)."""
+        """The times of a run of timed calls against how long the run took here (see `time`); a GPU that is
+        slower than before the import gets the cost of a call of nothing as this process measures it now."""
         sent = sum(samples) * 1e-6
         if sent > 1.01 * took + 1e-3:
             self._end(f"the timed calls: its process sent times that add up to {sent:.3g} s, more than the "
                       f"{took:.3g} s the calls took here")
         if self.call_cost_s is None:
             return
-        unexplained = took - len(samples) * self.call_cost_s
-        allowed = (WALL_SHARE * sent + len(samples) * (WALL_SLACK_PER_CALL_S + self.call_cost_s / 4)
-                   + WALL_SLACK_S.get(self.device.type, WALL_SLACK_S["cpu"]))
-        if unexplained > allowed:
+        slack = WALL_SHARE * sent + len(samples) * WALL_SLACK_PER_CALL_S + WALL_SLACK_S[self.device.type]
+        cost = self.call_cost_s
+        if took > slack + len(samples) * 1.25 * cost and self.device.type == "cuda":
+            cost = max(cost, self._call_cost_now())
+        if took > slack + len(samples) * 1.25 * cost:
             self._end(f"the timed calls: {len(samples)} calls took {took:.3g} s here, of which the times its process "
-                      f"sent ({sent:.3g} s in all) and the timing's own cost ({self.call_cost_s * 1e6:.0f} us a call, "
-                      f"measured before the file was imported) explain at most {took - unexplained + allowed:.3g} s: "
-                      f"those times were not measured honestly")
+                      f"sent ({sent:.3g} s in all) and the timing's own cost ({cost * 1e6:.0f} us a call) explain at "
+                      f"most {slack + len(samples) * 1.25 * cost:.3g} s: those times were not measured honestly")
+
+    @staticmethod
+    def _call_cost_now() -> float:
+        """A timed call of nothing here, now (s; 0 if no GPU memory is left): the floor stays the hard limit."""
+        started = time.monotonic()
+        try:
+            samples = nvfp4lib.bench.timing.leaderboard_time(lambda: None, BASELINE_RULE).samples
+        except torch.OutOfMemoryError:
+            return 0.0
+        finally:
+            torch.cuda.empty_cache()
+        return (time.monotonic() - started) / len(samples)
 
     def _output_of(self, description: dict, at: int, c_shape: tuple) -> Output:
         """An output as described, with its two copies read here from the shared file at byte `at`."""
