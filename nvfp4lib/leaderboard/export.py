@@ -23,7 +23,7 @@ A class comes with its fields, class attributes and dunders, and each method or 
 code uses as an attribute (``x.name``) or a string (``hasattr(x, "name")``); a member brings what it uses, until
 nothing new is read. Sound for this package, which never reaches a member by a computed name.
 
-Rendering: statements keep their source, comments and layout (two blank lines between definitions).
+Rendering: statements keep their source, comments and layout (one blank line between definitions).
 Each module's section opens with a rule and one line, its file and the first paragraph of its docstring
 (cut with " ..." to fit). Each docstring is one line, its first sentence (cut likewise): the full text is
 in the package. The file's header says so."""
@@ -467,12 +467,12 @@ class _Inliner:
             header = f"{RULE}\n" + textwrap.shorten(f"# {mod.file}: {summary}", 114, placeholder=" ...")
             body = ""
             for previous, stmt in zip([None] + stmts, stmts):
-                if previous is not None:  # simple statements one line apart, definitions two blank lines
+                if previous is not None:  # simple statements one line apart, definitions one blank line
                     body += "\n" if not isinstance(stmt, _DEFINITIONS) and not isinstance(previous, _DEFINITIONS) \
-                        else "\n\n\n"
+                        else "\n\n"
                 body += self.texts[id(stmt)]
             sections.append(header + "\n\n" + body)
-        return "\n\n\n".join(sections)
+        return "\n\n".join(sections)
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
