@@ -152,16 +152,17 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
     "l2_policy": ("wholek", "sm_90a", "createpolicy.fractional.L2::evict_first.b64"),
     "ld_global_v4_policy": ("wholek", "sm_90a", "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"),
     "fma_rn_f32": ("wholek", "sm_90a", "fma.rn.f32"),
+    "warp_word_offset": ("wholek k=7168", "sm_90a", "shr.u32"),  # rows of several warps
 }
 
 
 def _ptx_of(ptx, variant: str, target: str) -> str:
-    """The PTX of "naive", "fast", "tiled", "wholek" (the per-K kernel's default config at K = 2048), or
-    "fast <field>=<int>" (the default fast config with one field changed)."""
-    if variant == "wholek":
+    """The PTX of "naive", "fast", "tiled", "wholek" (the per-K kernel's default config at K = 2048, or at
+    "wholek k=<int>"), or "fast <field>=<int>" (the default fast config with one field changed)."""
+    if variant.startswith("wholek"):
         from nvfp4lib.cute import whole_k
 
-        return cute_gemv.compile_ptx("fast", target, whole_k.WholeKConfig(), 2048)
+        return cute_gemv.compile_ptx("fast", target, whole_k.WholeKConfig(), int(variant.partition("k=")[2] or 2048))
     if " " not in variant:
         return ptx[variant, target]
     field, value = variant.split(" ")[1].split("=")

@@ -182,6 +182,15 @@ def ld_shared(addr, dtype, n: int = 1, *, loc=None, ip=None):
                       write_only_types=[dtype] * n, read_only_args=[Int32(addr)], loc=loc, ip=ip)
 
 
+@dsl_user_op
+def warp_word_offset(thread, *, loc=None, ip=None):
+    """4 * (thread // 32), the byte offset of a warp's 32-bit word, as one opaque op, so that every release builds
+    the same machine code: CuTe DSL 4.6 folds the plain arithmetic into its use (``(t >> 3) & 28``), and ptxas then
+    orders the kernel's loads differently."""
+    return inline_ptx("{ .reg .b32 w;\n shr.u32 w, {$r0}, 5;\n shl.b32 {$w0}, w, 2; }", write_only_types=[Int32],
+                      read_only_args=[Int32(thread)], loc=loc, ip=ip)
+
+
 # --------------------------------------------------------------------------- conversions
 
 

@@ -28,7 +28,8 @@ from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
 from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
-                               ld_global_v4_policy, ld_shared, smem_allocator, smem_words, st_shared)
+                               ld_global_v4_policy, ld_shared, smem_allocator, smem_words, st_shared,
+                               warp_word_offset)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -242,11 +243,11 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
                     c[m0 + slot * Q + q, 0, batch] = total.to(Float16)
         else:  # the row's warps meet in shared memory, written and read with explicit instructions
             partials = smem_words(smem_allocator(), R * WP, 16)  # [row][warp] fp32 partial sums
-            warp = t // 32
+            warp_bytes = warp_word_offset(t)
             for q in cutlass.range_constexpr(Q):
                 total = cute.arch.warp_reduction_sum(acc[q])
                 if lane == 0:
-                    st_shared(partials + ((slot * Q + q) * WP + warp) * 4, [total])
+                    st_shared(partials + (slot * Q + q) * WP * 4 + warp_bytes, [total])
             cute.arch.sync_threads()
             if tidx < R:  # one thread per row of the block sums its row's warps in order
                 row = partials + tidx * (WP * 4)
