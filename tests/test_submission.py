@@ -55,7 +55,7 @@ CROSS_COMPILE = {
 PROBE = ("(getattr(submission, 'BACKEND', None), "
          + "".join(f"{code} if submission.SUBMISSION_PATH == {name!r} and submission.cute is not None else "
                    for name, code in CROSS_COMPILE.items()) + "None)")
-LINE_BUDGETS = {"hybrid": 1519, "cute_fast": 1520, "cute_naive": 1215, "standalone": 751}
+LINE_BUDGETS = {"hybrid": 1525, "cute_fast": 1526, "cute_naive": 1215, "standalone": 757}
 """The most lines each file may have (the standalone file: `--standalone` of cute_fast): the sizes measured
 when these bounds were set, so that nothing grows back. Most of it is what the files carry of the CuTe modules
 they inline (about 830 lines: the per-K kernel, its decodes and PTX ops, the launch and the device probe)."""
