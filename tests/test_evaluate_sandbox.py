@@ -113,9 +113,11 @@ class ClockHeld(SubmissionProcess):
 
 
 @pytest.mark.parametrize("calls, took, sent_us, before, now, honest", [
-    (5, 0.0373, 22.8, 2494e-6, 2494e-6, False),    # wall time no time sent and no call cost explain
-    (5, 0.0373, 22.8, 2494e-6, 7.5e-3, True),      # the same on a GPU three times as busy as before the import
-    (5, 0.0501, 183.2, 2559e-6, 9.8e-3, True),     # measured: a naive kernel while two test runs shared the GPU
+    # the run of an honest file while two other test runs shared the GPU (measured), judged with the cost
+    # measured before the import: neither the times sent nor that cost explain the wall time
+    (5, 0.0373, 22.8, 2494e-6, 2494e-6, False),
+    (5, 0.0373, 22.8, 2494e-6, 7.5e-3, True),      # the same where a call of nothing now costs three times as much
+    (5, 0.0501, 183.2, 2559e-6, 9.8e-3, True),     # the naive kernel's run of that time, with a cost as its calls took
     (14, 0.102, 1e-3, 2550e-6, 2550e-6, False),    # measured: a file that rewrote its timer, alone on the GPU
     (14, 0.102, 1e-3, 2550e-6, 1e-3, False),       # a GPU less busy now than then keeps the earlier cost
 ])
