@@ -157,7 +157,7 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
 
 
 def _ptx_of(ptx, variant: str, target: str) -> str:
-    """The PTX of "naive", "fast", "tiled", "wholek" (the per-K kernel's default config at K = 2048, or at
+    """The PTX of "naive", "fast", "tiled", "wholek" (the per-K kernel's `WholeKConfig()` at K = 2048, or at
     "wholek k=<int>"), or "fast <field>=<int>" (the default fast config with one field changed)."""
     if variant.startswith("wholek"):
         from nvfp4lib.cute import whole_k

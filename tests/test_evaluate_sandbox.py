@@ -135,7 +135,7 @@ def test_the_wall_clock_check_uses_what_a_call_of_nothing_costs_now_on_a_busier_
 def test_a_call_of_nothing_is_timed_here_and_gives_back_its_memory():
     reserved = torch.cuda.memory_reserved()
     assert 0 < SubmissionProcess._call_cost_now() < 1.0
-    assert torch.cuda.memory_reserved() == reserved
+    assert torch.cuda.memory_reserved() <= reserved  # its cache emptied
 
 
 # ---------------------------------------------------------------------------------------------
