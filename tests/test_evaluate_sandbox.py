@@ -181,7 +181,8 @@ def test_limits_timer_slack_and_signals_of_every_process_it_sees_leave_the_evalu
 
 @needs_bwrap
 def test_orphans_are_reaped_in_the_sandbox_and_none_is_left_to_the_evaluator(tmp_path):
-    """300 orphans a call: their parent gone, they are the sandbox's first process's to reap."""
+    """300 orphans a call: their parent gone, they are the sandbox's first process's to reap. The file counts
+    zombies once every orphan has exited (and so became one), until none is left or 30 s have passed."""
     path = submission(tmp_path, "leaves_orphans", '''
         import os, time
 
@@ -195,6 +196,7 @@ def test_orphans_are_reaped_in_the_sandbox_and_none_is_left_to_the_evaluator(tmp
             return found
 
         def custom_kernel(data):
+            read_end, write_end = os.pipe()  # each orphan holds write_end until it exits
             for _ in range(300):
                 child = os.fork()
                 if child == 0:
@@ -202,6 +204,9 @@ def test_orphans_are_reaped_in_the_sandbox_and_none_is_left_to_the_evaluator(tmp
                         os._exit(0)
                     os._exit(0)
                 os.waitpid(child, 0)
+            os.close(write_end)
+            os.read(read_end, 1)  # end of file: every orphan has exited, so no new zombie can appear
+            os.close(read_end)
             stop = time.monotonic() + 30
             while zombies() and time.monotonic() < stop:
                 time.sleep(0.05)
