@@ -14,6 +14,7 @@ from nvfp4lib.contract import NVFP4InputError, Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, generate_input
 from nvfp4lib.reference import check, poison_
+from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 
 cute_gemv = pytest.importorskip("nvfp4lib.cute.gemv")
 cute_decode = pytest.importorskip("nvfp4lib.cute.decode")
@@ -113,7 +114,7 @@ def test_hopper_fast_kernels_decode_with_a_register_lookup(ptx, variant):
     assert cute_gemv.resolve_decode("sm_90a") == "lut"
     assert "dp4a.s32.s32" in text
     table = re.findall(r"prmt\.b32\s+%r\d+, (\d+), (\d+), %r\d+;", text)
-    assert table and set(table) == {(str(cute_decode.LUT_LO), str(cute_decode.LUT_HI))}
+    assert table and set(table) == {(str(LUT_LO), str(LUT_HI))}
     assert "dp4a" not in ptx[variant, "sm_100a"]
 
 
@@ -125,12 +126,12 @@ def test_default_configs_keep_the_lookup_table_in_registers(config):
     cfg = getattr(generic, config)
     text = cute_gemv.compile_ptx("fast", "sm_90a", cfg)
     assert "st.shared.v2.b32 [%r" in text and "ld.shared.v2.b32" in text
-    for word in (cute_decode.LUT_LO, cute_decode.LUT_HI):  # warp 0 stores the table's two words
+    for word in (LUT_LO, LUT_HI):  # warp 0 stores the table's two words
         assert re.search(rf"mov\.b32\s+%r\d+, {word};", text), word
     chunks = cfg.rows_per_warp * cfg.unroll if config == "WIDE" else cfg.chunks_per_step  # of A per lane and step
     from_registers = re.findall(r"prmt\.b32\s+%r\d+, %r\d+, %r\d+, %r\d+;", text)
     assert len(from_registers) >= 16 * chunks  # 4 words x 4 lookups per 16-byte chunk of A
-    assert f", {cute_decode.LUT_LO};" not in cute_gemv.compile_ptx("fast", "sm_100a", cfg)  # the hardware decode needs no table
+    assert f", {LUT_LO};" not in cute_gemv.compile_ptx("fast", "sm_100a", cfg)  # the hardware decode needs no table
 
 
 OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the instruction it emits

@@ -58,6 +58,10 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
     assert cute_bench.kernel_name("fast", cute_bench.parse_config("w1x8x2-bitops")) == \
         "cute_wholek[chunks_per_thread=1,rows_per_thread=8,row_slots=2,decode=bitops]"
     assert not cute_bench.parse_config("w2x4x1-loads").compute
+    assert cute_bench.kernel_name("fast", cute_bench.parse_config("w2x4x1-loads")) == "cute_wholek[compute=False]"
+    assert isinstance(cute_bench.parse_config("w2x4x1-bitops"), cute_bench.WholeKBitTrick)
+    with pytest.raises(ValueError, match="decode: expected one of"):
+        WholeKConfig(decode="bitops")  # the core's per-K kernel decodes with "hw" or "lut"
     with pytest.raises(SystemExit, match="w2x4"):
         cute_bench.parse_config("w2x4")
 
@@ -162,7 +166,7 @@ def ptx():
 
     texts = {(arch, k): compile_ptx("fast", arch, WholeKConfig(), k)
              for arch in ("sm_90a", "sm_100a") for k in (16384, 7168, 2048)}
-    texts["sm_90a", "bitops"] = compile_ptx("fast", "sm_90a", WholeKConfig(decode="bitops"), 2048)
+    texts["sm_90a", "bitops"] = compile_ptx("fast", "sm_90a", cute_bench.parse_config("w2x4x1-bitops"), 2048)
     return texts
 
 

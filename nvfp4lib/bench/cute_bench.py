@@ -36,10 +36,12 @@ from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.contract import Shape
 from nvfp4lib.cute.gemv import CuteGemv
-from nvfp4lib.cute.whole_k import WholeKConfig
+from nvfp4lib.cute.decode import block_dot, decode_b_word, decode_word_bitops, scaled_b
+from nvfp4lib.cute.ptx import e4m3x2_to_f32, fma_rn_f32
+from nvfp4lib.cute.whole_k import WholeKConfig, loads_joined
 from nvfp4lib.device import capabilities, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
-from nvfp4lib.study.generic_kernels import FastConfig, TiledConfig, generic_config
+from nvfp4lib.study.generic_kernels import FastConfig, TiledConfig, generic_config, loads_xor
 
 DEFAULT_CONFIGS = ("default",)  # the per-K choice of nvfp4lib.cute.gemv.default_config
 
@@ -102,8 +104,8 @@ def kernel_name(variant: str, cfg=None) -> str:
     if cfg is None or cfg is generic_config:
         return "cute_fast" if cfg is None else "cute_generic"
     changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
-               if getattr(cfg, field.name) != field.default]
-    kind = {TiledConfig: "tiled", WholeKConfig: "wholek"}.get(type(cfg), "fast")
+               if getattr(cfg, field.name) != field.default] + (["compute=False"] * isinstance(cfg, WholeKLoadsOnly))
+    kind = "tiled" if isinstance(cfg, TiledConfig) else "wholek" if isinstance(cfg, WholeKConfig) else "fast"
     return f"cute_{kind}[{','.join(changed)}]"
 
 
@@ -153,14 +155,52 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
     return ok_all
 
 
+# The per-K kernel's forms that only a benchmark runs: the core's kernel with another `sum_rows`.
+
+
+class WholeKLoadsOnly(WholeKConfig):
+    """The per-K kernel's loads alone (``-loads``): every loaded word XORed into each row's sum (`loads_xor`),
+    no decode and no math, a wrong result that times the access pattern."""
+
+    compute = False
+
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
+        b_words, sfb_pairs, a_words, sfa_pairs = loaded
+        touched = loads_xor(b_words + a_words + [sfb_pairs + sfa_pairs])
+        for q in range(plan.rows_per_thread):
+            acc[q] = acc[q] + touched
+
+
+class WholeKBitTrick(WholeKConfig):
+    """The per-K kernel with the bit-trick decode (``-bitops``: A as value * 2^-14, B true fp16, packed fp16 block
+    sums), for the comparison with the lookup in docs/cute_kernel_notes.md; otherwise `accumulate_rows`'s order."""
+
+    DECODES = ("bitops",)
+
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
+        b_words, sfb_pairs, a_words, sfa_pairs = loaded
+        zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, zero)
+        b_words = [[w ^ zero for w in words] for words in b_words]  # B's words carry the dependency
+        C = plan.chunks_per_thread
+        for i in range(C):
+            b_dec = [x for w in b_words[i] for x in decode_b_word(w, False)]
+            sb = scaled_b(sfb_pairs[i], "bitops")
+            for q, (a, pair) in enumerate(zip(a_words[i::C], sfa_pairs[i::C])):
+                sa0, sa1 = e4m3x2_to_f32(pair)
+                d0, d1 = (block_dot(a[0:2], b_dec[0:8], decode_word_bitops),
+                          block_dot(a[2:4], b_dec[8:16], decode_word_bitops))
+                acc[q] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[q]))
+
+
 def parse_whole_k_config(text: str) -> WholeKConfig:
     """'wCxQxS[-loads][-DECODE]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q, row_slots=S, ...): the
-    per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone."""
+    per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone (`WholeKLoadsOnly`)."""
     try:
         flags = text.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
-        return WholeKConfig(chunks, rows, slots, decode=decode[-1] if decode else "auto", compute="loads" not in flags)
+        kind = WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode else WholeKConfig
+        return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto")
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

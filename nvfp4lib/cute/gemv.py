@@ -25,7 +25,7 @@ from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
 from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
-                                  require_dsl, resolve_decode)
+                                  permuted_scale_views, plain_scale_views, require_dsl, resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
                                ld_global_u16_if, ld_global_u32)
 from nvfp4lib.cute.whole_k import MAX_CHUNKS_PER_THREAD, WholeKConfig
@@ -62,7 +62,8 @@ class OneKernelForEveryK:
         """The config's kernel for ``arch``, compiled now in the GEMV launch (``k`` is not needed)."""
         arch = compile_target(arch)
         kernel, threads, grid = self.kernel(resolve_decode(arch, self.decode))
-        return compile_gemv_launch(kernel, grid, threads, self.permuted_scales, arch, options, tvm_ffi)
+        views = permuted_scale_views if self.permuted_scales else plain_scale_views
+        return compile_gemv_launch(kernel, grid, threads, views, arch, options, tvm_ffi)
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The compiled kernel, from the compile cache (`launch.compiled_kernel`): one for every K."""

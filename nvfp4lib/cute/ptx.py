@@ -88,6 +88,17 @@ def inline_ptx(ptx: str, write_only_types=(), read_only_args=(), *, loc=None, ip
                  for i, (t, ty) in enumerate(zip(write_only_types, types)))
 
 
+def fixed_op(ptx: str, write_only_types, casts=None):
+    """A DSL op of one fixed `inline_ptx` block: ``op(*inputs)``, input i cast by ``casts[i]`` unless that is
+    None (``Int32(x)``: any 32-bit value as the register the PTX reads), its outputs ``write_only_types``."""
+    @dsl_user_op
+    def op(*inputs, loc=None, ip=None):
+        inputs = [x if cast is None else cast(x) for cast, x in zip(casts, inputs)] if casts else inputs
+        return inline_ptx(ptx, write_only_types, inputs, loc=loc, ip=ip)
+
+    return op
+
+
 # --------------------------------------------------------------------------- global loads
 
 
@@ -112,19 +123,11 @@ def ld_global_v4_if(ptr, pred, hint: str, *, loc=None, ip=None):
     return _v4_load(f"ld.global{hint}.v4.u32 {V4_WORDS}, [{{$r0}}];", [ptr], pred, loc, ip)
 
 
-@dsl_user_op
-def ld_global_u16_if(ptr, pred, *, loc=None, ip=None):
-    """16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false."""
-    return inline_ptx(
-        "{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc.u16 {$w0}, [{$r0}]; }",
-        write_only_types=[Int16], read_only_args=[ptr, Int32(pred)], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def ld_global_u32(ptr, *, loc=None, ip=None):
-    """Plain 32-bit load (8 FP4 codes)."""
-    return inline_ptx("ld.global.u32 {$w0}, [{$r0}];", write_only_types=[Int32], read_only_args=[ptr],
-                                loc=loc, ip=ip)
+ld_global_u16_if = fixed_op("{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n"
+                            " @p ld.global.nc.u16 {$w0}, [{$r0}]; }", [Int16], [None, Int32])
+"""``ld_global_u16_if(ptr, pred)``: 16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false."""
+ld_global_u32 = fixed_op("ld.global.u32 {$w0}, [{$r0}];", [Int32])
+"""``ld_global_u32(ptr)``: plain 32-bit load (8 FP4 codes)."""
 
 
 @dsl_user_op
@@ -182,55 +185,28 @@ def ld_shared(addr, dtype, n: int = 1, *, loc=None, ip=None):
                       write_only_types=[dtype] * n, read_only_args=[Int32(addr)], loc=loc, ip=ip)
 
 
-@dsl_user_op
-def warp_word_offset(thread, *, loc=None, ip=None):
-    """4 * (thread // 32), the byte offset of a warp's 32-bit word, as one opaque op, so that every release builds
-    the same machine code: CuTe DSL 4.6 folds the plain arithmetic into its use (``(t >> 3) & 28``), and ptxas then
-    orders the kernel's loads differently."""
-    return inline_ptx("{ .reg .b32 w;\n shr.u32 w, {$r0}, 5;\n shl.b32 {$w0}, w, 2; }", write_only_types=[Int32],
-                      read_only_args=[Int32(thread)], loc=loc, ip=ip)
+warp_word_offset = fixed_op("{ .reg .b32 w;\n shr.u32 w, {$r0}, 5;\n shl.b32 {$w0}, w, 2; }", [Int32], [Int32])
+"""``warp_word_offset(thread)``: 4 * (thread // 32), the byte offset of a warp's 32-bit word, as one opaque op, so
+that every release builds the same machine code: CuTe DSL 4.6 folds the plain arithmetic into its use
+(``(t >> 3) & 28``), and ptxas then orders the kernel's loads differently."""
 
 
 # --------------------------------------------------------------------------- conversions
 
 
-@dsl_user_op
-def e4m3x2_to_f32(pair, *, loc=None, ip=None):
-    """Two E4M3 scales (one 16-bit load) -> two fp32, the lower byte's first (``cvt ... e4m3x2``, sm_89+)."""
-    return inline_ptx(
-        "{ .reg .b32 h2; .reg .f16 lo, hi;\n"
-        " cvt.rn.f16x2.e4m3x2 h2, {$r0};\n"
-        " mov.b32 {lo, hi}, h2;\n"
-        " cvt.f32.f16 {$w0}, lo;\n"
-        " cvt.f32.f16 {$w1}, hi; }", write_only_types=[Float32, Float32], read_only_args=[pair], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def half2_to_f32_pair(h2, *, loc=None, ip=None):
-    """The two halves of a packed half2 (low half first), as fp32."""
-    return inline_ptx(
-        "{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }",
-        write_only_types=[Float32, Float32], read_only_args=[h2], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def e2m1x8_to_f16x2(word, *, loc=None, ip=None):
-    """The 8 E2M1 codes of a 32-bit word -> 4 half2 of their values, one ``cvt.rn.f16x2.e2m1x2`` per byte
-    (sm_100a and newer). Half2 i holds byte i: its low nibble in the low half."""
-    return inline_ptx(
-        "{ .reg .b8 b0, b1, b2, b3;\n"
-        " mov.b32 {b0, b1, b2, b3}, {$r0};\n"
-        " cvt.rn.f16x2.e2m1x2 {$w0}, b0;\n"
-        " cvt.rn.f16x2.e2m1x2 {$w1}, b1;\n"
-        " cvt.rn.f16x2.e2m1x2 {$w2}, b2;\n"
-        " cvt.rn.f16x2.e2m1x2 {$w3}, b3; }", write_only_types=[Int32] * 4, read_only_args=[word], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def s32_to_f32(x, *, loc=None, ip=None):
-    """``cvt.rn.f32.s32``: a 32-bit integer as fp32 (exact up to 2^24 in magnitude)."""
-    return inline_ptx("cvt.rn.f32.s32 {$w0}, {$r0};", write_only_types=[Float32], read_only_args=[x],
-                                loc=loc, ip=ip)
+e4m3x2_to_f32 = fixed_op("{ .reg .b32 h2; .reg .f16 lo, hi;\n cvt.rn.f16x2.e4m3x2 h2, {$r0};\n mov.b32 {lo, hi}, h2;\n"
+                         " cvt.f32.f16 {$w0}, lo;\n cvt.f32.f16 {$w1}, hi; }", [Float32, Float32])
+"""``e4m3x2_to_f32(pair)``: two E4M3 scales (one 16-bit load) -> two fp32, the lower byte's first (sm_89+)."""
+half2_to_f32_pair = fixed_op("{ .reg .f16 lo, hi;\n mov.b32 {lo, hi}, {$r0};\n cvt.f32.f16 {$w0}, lo;\n"
+                             " cvt.f32.f16 {$w1}, hi; }", [Float32, Float32])
+"""``half2_to_f32_pair(h2)``: the two halves of a packed half2 (low half first), as fp32."""
+e2m1x8_to_f16x2 = fixed_op("{ .reg .b8 b0, b1, b2, b3;\n mov.b32 {b0, b1, b2, b3}, {$r0};\n"
+                           " cvt.rn.f16x2.e2m1x2 {$w0}, b0;\n cvt.rn.f16x2.e2m1x2 {$w1}, b1;\n"
+                           " cvt.rn.f16x2.e2m1x2 {$w2}, b2;\n cvt.rn.f16x2.e2m1x2 {$w3}, b3; }", [Int32] * 4)
+"""``e2m1x8_to_f16x2(word)``: the 8 E2M1 codes of a 32-bit word -> 4 half2 of their values, one
+``cvt.rn.f16x2.e2m1x2`` per byte (sm_100a and newer). Half2 i holds byte i: its low nibble in the low half."""
+s32_to_f32 = fixed_op("cvt.rn.f32.s32 {$w0}, {$r0};", [Float32])
+"""``s32_to_f32(x)``: ``cvt.rn.f32.s32``, a 32-bit integer as fp32 (exact up to 2^24 in magnitude)."""
 
 
 # --------------------------------------------------------------------------- integer byte operations
@@ -252,19 +228,11 @@ def prmt_table(table_lo: int, table_hi: int, selectors, *, loc=None, ip=None):
                                 read_only_args=[selectors], loc=loc, ip=ip)
 
 
-@dsl_user_op
-def prmt_lookup(table_lo, table_hi, selectors, *, loc=None, ip=None):
-    """``prmt_table`` with the table in registers: ptxas then keeps it there, where it moves the
-    immediates of ``prmt_table`` into a register again before most lookups."""
-    return inline_ptx("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
-                                read_only_args=[table_lo, table_hi, selectors], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def dp4a(a, b, acc, *, loc=None, ip=None):
-    """``dp4a.s32.s32``: acc + the sum of the products of the 4 signed bytes of a and of b."""
-    return inline_ptx("dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
-                                read_only_args=[a, b, acc], loc=loc, ip=ip)
+prmt_lookup = fixed_op("prmt.b32 {$w0}, {$r0}, {$r1}, {$r2};", [Int32])
+"""``prmt_lookup(table_lo, table_hi, selectors)``: `prmt_table` with the table in registers: ptxas then keeps it
+there, where it moves the immediates of `prmt_table` into a register again before most lookups."""
+dp4a = fixed_op("dp4a.s32.s32 {$w0}, {$r0}, {$r1}, {$r2};", [Int32])
+"""``dp4a(a, b, acc)``: ``dp4a.s32.s32``, acc + the sum of the products of the 4 signed bytes of a and of b."""
 
 
 # --------------------------------------------------------------------------- cache policies, explicit fp32 FMA
@@ -290,17 +258,9 @@ def ld_global_v4_policy(ptr, policy, pred, hint: str, *, loc=None, ip=None):
                     loc, ip)
 
 
-@dsl_user_op
-def fma_rn_f16x2(a, b, c, *, loc=None, ip=None):
-    """``fma.rn.f16x2``: a * b + c on two packed halves at once (each operand a 32-bit word). Written out,
-    since ``cute.arch.fma_packed_f16x2`` is missing from some DSL releases (4.7)."""
-    return inline_ptx("fma.rn.f16x2 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Int32],
-                      read_only_args=[Int32(a), Int32(b), Int32(c)], loc=loc, ip=ip)
-
-
-@dsl_user_op
-def fma_rn_f32(a, b, c, *, loc=None, ip=None):
-    """``fma.rn.f32``: a * b + c rounded once, written out so that the order of the accumulation is the
-    kernel's own and not the compiler's (`nvfp4lib.study.whole_k_model` models it)."""
-    return inline_ptx("fma.rn.f32 {$w0}, {$r0}, {$r1}, {$r2};", write_only_types=[Float32],
-                                read_only_args=[Float32(a), Float32(b), Float32(c)], loc=loc, ip=ip)
+fma_rn_f16x2 = fixed_op("fma.rn.f16x2 {$w0}, {$r0}, {$r1}, {$r2};", [Int32], [Int32] * 3)
+"""``fma_rn_f16x2(a, b, c)``: a * b + c on two packed halves at once (each operand a 32-bit word). Written out,
+since ``cute.arch.fma_packed_f16x2`` is missing from some DSL releases (4.7)."""
+fma_rn_f32 = fixed_op("fma.rn.f32 {$w0}, {$r0}, {$r1}, {$r2};", [Float32], [Float32] * 3)
+"""``fma_rn_f32(a, b, c)``: a * b + c rounded once, written out so that the order of the accumulation is the
+kernel's own and not the compiler's (`nvfp4lib.study.whole_k_model` models it)."""

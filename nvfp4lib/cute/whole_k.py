@@ -21,14 +21,16 @@ bookkeeping, every address an immediate offset from one base, the block gone as 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
-from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, loads_xor, scaled_b
-from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, resolve_decode
+from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, scaled_b
+from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, plain_scale_views, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
-                               ld_global_v4_policy, ld_shared, smem_allocator, smem_words, st_shared,
+                               ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator, smem_words, st_shared,
                                warp_word_offset)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
@@ -45,15 +47,16 @@ class WholeKConfig:
     chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk). ``rows_per_thread``: the
     rows each thread computes against one decode of its chunks of B. ``row_slots``: groups of threads per
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
-    ``compute`` False: the loads alone, XORed (a wrong result that times the access pattern)."""
+    ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`)."""
 
-    permuted_scales = False  # not a field: the kernel reads the plain scales
+    permuted_scales = False  # not fields: the kernel reads the plain scales ...
+    compute = True  # ... and computes (a benchmark's loads-only form does not)
+    DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
     rows_per_thread: int = 4
     row_slots: int = 1
     decode: str = "auto"
-    compute: bool = True
 
     def __post_init__(self):
         if not 1 <= self.chunks_per_thread <= MAX_CHUNKS_PER_THREAD:
@@ -63,14 +66,14 @@ class WholeKConfig:
                             ("rows_per_thread x row_slots", rows)):
             if value < 1 or value & (value - 1) or 128 % value:
                 raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
-        if self.decode not in ("auto", "hw", "lut", "bitops"):
-            raise ValueError(f"decode: expected 'auto', 'hw', 'lut' or 'bitops', got {self.decode!r}")
+        if self.decode not in self.DECODES:
+            raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
 
-    @property
-    def rows_per_block(self) -> int:
-        return self.rows_per_thread * self.row_slots
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
+        """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
+        accumulate_rows(acc, plan, decode, loaded, zero)
 
-    # What `gemv.CuteGemv` asks of every config (`gemv.OneKernelForEveryK` has the same methods).
+    # What `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same methods).
 
     def refusal(self, k: int) -> str | None:
         """Why this config cannot run this K (`plan_for`'s error, naming the argument), or None."""
@@ -90,60 +93,38 @@ class WholeKConfig:
         return None if k is None else compiled_kernel(self, arch, k, tvm_ffi)
 
 
-@dataclass(frozen=True)
-class WholeKPlan:
-    """The launch shape of one K: ``rows_per_block`` rows per block in ``rows_per_block / rows_per_thread``
-    row slots of ``threads_per_row`` threads; thread t of a slot loads chunks t + i * threads_per_row
-    (i < chunks_per_thread) of each of its ``rows_per_thread`` rows."""
+class WholeKPlan(NamedTuple):
+    """The launch shape of one K (`plan_for`): ``rows_per_block`` rows per block in ``row_slots`` slots of
+    ``threads_per_row`` threads; thread t of a slot loads chunks t + i * threads_per_row (i < chunks_per_thread)
+    of each of its ``rows_per_thread`` rows. ``partial[i]``: chunk i is past the row's end for some threads."""
 
     k: int
+    n_chunks: int  # 16-byte chunks per row
     rows_per_block: int
-    threads_per_row: int
     rows_per_thread: int
-
-    @property
-    def n_chunks(self) -> int:
-        return self.k // 32
-
-    @property
-    def chunks_per_thread(self) -> int:
-        return -(-self.n_chunks // self.threads_per_row)
-
-    @property
-    def row_slots(self) -> int:
-        return self.rows_per_block // self.rows_per_thread
-
-    @property
-    def threads(self) -> int:
-        return self.row_slots * self.threads_per_row
-
-    @property
-    def warps_per_row(self) -> int:
-        return self.threads_per_row // 32
-
-    def chunk_exists_everywhere(self, i: int) -> bool:
-        """Whether chunk t + i * threads_per_row is inside the row for every thread t (no predicate)."""
-        return (i + 1) * self.threads_per_row <= self.n_chunks
-
-    def describe(self) -> str:
-        return (f"K={self.k}: {self.rows_per_block} rows per block, {self.threads // 32} warps, "
-                f"{self.threads_per_row} threads per row x {self.chunks_per_thread} chunks, "
-                f"{self.rows_per_thread} rows per thread")
+    row_slots: int
+    threads_per_row: int
+    chunks_per_thread: int
+    threads: int
+    warps_per_row: int
+    partial: tuple[bool, ...]
 
 
 def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
     """The launch shape of ``cfg`` at this K (a multiple of 64); refuses a K or a shape a block cannot hold."""
     if not isinstance(k, int) or k < 64 or k % 64:
         raise NVFP4InputError(f"a: expected K a positive multiple of 64 for the whole-K kernel, got K = {k}")
-    n_chunks = k // 32
+    n_chunks = k // 32  # 32 codes per chunk
     threads_per_row = 32 * -(-n_chunks // (32 * cfg.chunks_per_thread))
-    plan = WholeKPlan(k, cfg.rows_per_block, threads_per_row, cfg.rows_per_thread)
-    if plan.threads > MAX_THREADS:
+    if cfg.row_slots * threads_per_row > MAX_THREADS:
         limit = MAX_THREADS // cfg.row_slots * cfg.chunks_per_thread * 32
         raise NVFP4InputError(f"a: expected K <= {limit} for the whole-K kernel with {cfg.row_slots} row slots of "
                               f"threads holding {cfg.chunks_per_thread} chunks each ({MAX_THREADS} threads per "
                               f"block), got K = {k}")
-    return plan
+    chunks = -(-n_chunks // threads_per_row)
+    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, cfg.row_slots, threads_per_row, chunks,
+                      cfg.row_slots * threads_per_row, threads_per_row // 32,
+                      tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks)))
 
 
 # --------------------------------------------------------------------------- block sums
@@ -172,18 +153,30 @@ def lut_after(zero):
     return Int32(LUT_LO) ^ zero, Int32(LUT_HI) ^ zero
 
 
+def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero) -> None:
+    """acc[q] += the scaled block sums of row q (``loaded``: the thread's chunks of B, their scales, its chunks of
+    A and their scales, row by row): every load joined first (`loads_joined`), then chunk i of every row against
+    one decode of B's chunk i. A chunk past the row's end was loaded as zeros, and adds +0 exactly."""
+    b_words, sfb_pairs, a_words, sfa_pairs = loaded
+    zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, zero)
+    lookup = functools.partial(prmt_lookup, *lut_after(zero)) if decode == "lut" else None
+    if decode == "hw":  # B's words carry the dependency
+        b_words = [[w ^ zero for w in words] for words in b_words]
+    C = plan.chunks_per_thread
+    for i in range(C):
+        b_dec = decode_b_chunk(b_words[i], decode, lookup)
+        accumulate_chunk(acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, lookup)
+
+
 # --------------------------------------------------------------------------- the kernel
 
 
 def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
     """The kernel of one K (``plan``) and FP4 decode, to launch or compile."""
-    P, C, Q, R = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block
-    WP = plan.warps_per_row
+    P, C, Q, R, WP = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block, \
+        plan.warps_per_row
     PARTIALS_PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials, 16-byte aligned
-    KH = plan.k // 2  # bytes of A per row
-    KS = plan.k // 16  # scale bytes per row
-    n_chunks = plan.n_chunks
-    partial_chunks = [not plan.chunk_exists_everywhere(i) for i in range(C)]
+    KH, KS = plan.k // 2, plan.k // 16  # bytes of A and of its scales per row
 
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
@@ -205,12 +198,12 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
 
         b_words, sfb_pairs, a_words, sfa_pairs = [], [], [], []
         for i in cutlass.range_constexpr(C):
-            pred = (t < n_chunks - i * P) if partial_chunks[i] else None
+            pred = (t < plan.n_chunks - i * P) if plan.partial[i] else None
             b_words.append(ld_global_v4_policy(b_base + i * P * CHUNK_BYTES, read_by_all, pred, ".nc.L1::evict_last"))
             sfb_pairs.append(ld_global_u16_if(sfb_base + i * P * 2, 1 if pred is None else pred))
         for q in cutlass.range_constexpr(Q):
             for i in cutlass.range_constexpr(C):
-                pred = (t < n_chunks - i * P) if partial_chunks[i] else None
+                pred = (t < plan.n_chunks - i * P) if plan.partial[i] else None
                 a_words.append(ld_global_v4_policy(a_base + (q * KH + i * P * CHUNK_BYTES), read_once, pred,
                                                    ".nc.L1::no_allocate"))
                 sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), 1 if pred is None else pred))
@@ -218,23 +211,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
         acc = cute.make_rmem_tensor((Q,), Float32)
         for q in cutlass.range_constexpr(Q):
             acc[q] = Float32(0.0)
-        if cutlass.const_expr(cfg.compute):
-            zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, opaque_zero(m_rows, tidx))
-            table = lut_after(zero) if decode == "lut" else None
-            if cutlass.const_expr(decode != "lut"):  # the fp16 decodes: B's words carry the dependency
-                b_words = [[w ^ zero for w in words] for words in b_words]
-            for i in cutlass.range_constexpr(C):  # chunk i of every row of the thread, against one decode of B's
-                b_dec = decode_b_chunk(b_words[i], decode, table)
-                chunk = (acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, table)
-                if cutlass.const_expr(partial_chunks[i]):
-                    if t < n_chunks - i * P:  # threads past the row's end skip it (whole warps where 32 | K/32)
-                        accumulate_chunk(*chunk)
-                else:
-                    accumulate_chunk(*chunk)
-        else:
-            touched = loads_xor(b_words + a_words + [sfb_pairs + sfa_pairs])
-            for q in cutlass.range_constexpr(Q):
-                acc[q] = acc[q] + touched
+        cfg.sum_rows(acc, plan, decode, (b_words, sfb_pairs, a_words, sfa_pairs), opaque_zero(m_rows, tidx))
 
         if cutlass.const_expr(WP == 1):
             for q in cutlass.range_constexpr(Q):
@@ -270,5 +247,5 @@ def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm
     """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed."""
     arch, plan = compile_target(arch), plan_for(cfg, k)
     kernel = make_whole_k_kernel(plan, cfg, resolve_decode(arch, cfg.decode))
-    return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads, False, arch,
-                               options, tvm_ffi, example_kh=k // 2)
+    return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads, plain_scale_views,
+                               arch, options, tvm_ffi, example_kh=k // 2)

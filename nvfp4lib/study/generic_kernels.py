@@ -16,18 +16,19 @@ the permuted tensor-core layout is an option, slower for this access pattern (do
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
-from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_lut, loads_xor,
-                                  negate_bytes, scaled_b)
+from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_bitops, decode_word_hw,
+                                  decode_word_lut, negate_bytes, scaled_b)
 from nvfp4lib.cute.gemv import MAX_ROWS_PER_BLOCK, OneKernelForEveryK, row_blocks
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, dp4a, e4m3x2_to_f32, ld_global_u16_if,
-                               ld_global_v4_if, ld_shared, prefetch_l2_if, s32_to_f32, smem_allocator, smem_words,
-                               st_shared)
+                               ld_global_v4_if, ld_shared, prefetch_l2_if, prmt_lookup, prmt_table, s32_to_f32,
+                               smem_allocator, smem_words, st_shared)
 
 
 @dataclass(frozen=True)
@@ -89,9 +90,17 @@ def lut_table(table_addr, lane):
     return ld_shared(table_addr + lane * 8, Int32, 2)
 
 
+def table_lookup(table=None):
+    """`cute.decode.decode_word_lut`'s lookup: the table in registers (``table``: `lut_table`'s pair) or, for
+    None, as two immediates (`prmt_table`)."""
+    if table is None:
+        return functools.partial(prmt_table, LUT_LO, LUT_HI)
+    return functools.partial(prmt_lookup, *table)
+
+
 def decode_b_word_lut(word, table=None):
     """8 E2M1 codes of B -> 2v as signed bytes, and -2v: (b 0-3, b 4-7, -b 0-3, -b 4-7)."""
-    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table)
+    pos_lo, pos_hi, neg_lo, neg_hi = decode_word_lut(word, table_lookup(table))
     return (pos_lo | negate_bytes(neg_lo), pos_hi | negate_bytes(neg_hi),
             neg_lo | negate_bytes(pos_lo), neg_hi | negate_bytes(pos_hi))
 
@@ -99,7 +108,7 @@ def decode_b_word_lut(word, table=None):
 def decode_b_word_as(word, decode: str, table=None):
     """8 E2M1 codes of B -> the words that ``decode``'s block dot takes here: 4 half2 (`decode_b_word`), or for
     "lut" the signed bytes and their negation (`decode_b_word_lut`, for `block_dot_lut`). ``table``: see
-    `cute.decode.lookup4`."""
+    `table_lookup`."""
     if decode != "lut":
         return decode_b_word(word, decode == "hw")
     return decode_b_word_lut(word, table)
@@ -110,17 +119,28 @@ def block_dot_lut(a_words, b_bytes, table=None):
     |2a * 2b| <= 144, so a block sums to at most 2304 in magnitude."""
     acc = Int32(0)
     for w in range(2):
-        parts = decode_word_lut(a_words[w], table)
+        parts = decode_word_lut(a_words[w], table_lookup(table))
         for i in range(4):
             acc = dp4a(parts[i], b_bytes[4 * w + i], acc)
     return s32_to_f32(acc)
+
+
+def loads_xor(values):
+    """The loads-only kernels' stand-in for the math: every loaded value (buffers of words) XORed into
+    one word, as fp32, so that the loads stay and the decode and the math are gone (a wrong result)."""
+    x = Int32(0)
+    for buf in values:
+        for v in buf:
+            x = x ^ Int32(v)
+    return Float32(x)
 
 
 def generic_chunk_dots(a_words, b_dec, decode: str, table=None):
     """The two 16-element block sums of a 16-byte chunk: 4 words of A against B's chunk decoded by
     `decode_b_word_as` (exact; `DECODE_FACTOR` times the true sums)."""
     if decode != "lut":
-        return block_dot(a_words[0:2], b_dec[0:8], decode == "hw"), block_dot(a_words[2:4], b_dec[8:16], decode == "hw")
+        decode_a = decode_word_hw if decode == "hw" else decode_word_bitops
+        return block_dot(a_words[0:2], b_dec[0:8], decode_a), block_dot(a_words[2:4], b_dec[8:16], decode_a)
     return block_dot_lut(a_words[0:2], b_dec[0:8], table), block_dot_lut(a_words[2:4], b_dec[8:16], table)
 
 
