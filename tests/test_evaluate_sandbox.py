@@ -366,6 +366,23 @@ def test_where_bubblewrap_cannot_run_the_isolation_line_says_what_is_not_covered
         report.isolation, report.isolation
 
 
+def test_a_bwrap_named_by_a_relative_path_runs_the_evaluation(tmp_path, monkeypatch):
+    """The submission's process starts in its work folder: the evaluator resolves the path it was given first."""
+    if not SANDBOXED:
+        pytest.skip("no bwrap here")
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "bwrap").symlink_to(processes.sandbox(False).command[0])  # the one this run uses
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(processes.BWRAP_ENV_VAR, "tools/bwrap")
+    bwrap = str(tmp_path / "tools" / "bwrap")
+    processes.sandbox.cache_clear()
+    try:
+        report = evaluate(submission(tmp_path, "correct", ""), "test", shapes=[SHAPE])
+    finally:
+        processes.sandbox.cache_clear()
+    assert report.ok and report.isolation.startswith(f"bubblewrap ({bwrap})"), (report.summary(), report.isolation)
+
+
 def test_the_bundled_bwrap_runs_from_its_folder(tmp_path):
     """tools/bundle_bwrap.sh copies this machine's bwrap and its libraries for a machine without it."""
     script = Path(__file__).parent.parent / "tools" / "bundle_bwrap.sh"

@@ -629,8 +629,7 @@ def sections(source: str) -> list[Section]:
     """The sections of a file `export_source` wrote, in order: each inlined module under the file named by its
     header, `GENERATED` for the head and the tail. The counts add up to the file's; a module's includes its
     header line and the blank line before the next one."""
-    lines = source.splitlines()
-    starts = [(0, GENERATED)]
+    lines, starts = source.splitlines(), [(0, GENERATED)]
     for i, line in enumerate(lines[:-1]):
         if line.startswith(f"{RULE}{PACKAGE}/"):
             starts.append((i, line.removeprefix(RULE).split(":")[0]))

@@ -163,6 +163,7 @@ def sandbox(cuda: bool) -> Sandbox:
     folders = child.package_folders(PACKAGE, str(PACKAGE_DIR))
     named = os.environ.get(BWRAP_ENV_VAR) or None
     bwrap = shutil.which(named or "bwrap") if named != "off" else None
+    bwrap = bwrap and os.path.abspath(bwrap)  # the child starts in its work folder, where a relative path misses
     if bwrap is None:
         why = (f"{BWRAP_ENV_VAR}=off" if named == "off" else f"{BWRAP_ENV_VAR}={named} is not a program" if named
                else f"no bwrap on PATH (install bubblewrap, or name one with {BWRAP_ENV_VAR})")
