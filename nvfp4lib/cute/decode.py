@@ -128,7 +128,7 @@ def block_dot_lut2(a_words, b_signed, lookup):
     return s32_to_f32(pos - neg)
 
 
-# --------------------------------------------------------------------------- a chunk into the accumulators (per-K kernels)
+# --------------------------------------------------------------------------- a chunk into the accumulators (per-K)
 
 
 def scaled_b(sfb_pair, decode: str):

@@ -122,8 +122,8 @@ def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
                               f"threads holding {cfg.chunks_per_thread} chunks each ({MAX_THREADS} threads per "
                               f"block), got K = {k}")
     chunks = -(-n_chunks // threads_per_row)
-    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, cfg.row_slots, threads_per_row, chunks,
-                      cfg.row_slots * threads_per_row, threads_per_row // 32,
+    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, cfg.row_slots,
+                      threads_per_row, chunks, cfg.row_slots * threads_per_row, threads_per_row // 32,
                       tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks)))
 
 

@@ -23,10 +23,9 @@ A class comes with its fields, class attributes and dunders, and each method or 
 code uses as an attribute (``x.name``) or a string (``hasattr(x, "name")``); a member brings what it uses, until
 nothing new is read. Sound for this package, which never reaches a member by a computed name.
 
-Rendering: statements keep their source, comments and layout (one blank line between definitions).
-Each module's section opens with a rule and one line, its file and the first paragraph of its docstring
-(cut with " ..." to fit). Each docstring is one line, its first sentence (cut likewise): the full text is
-in the package. The file's header says so."""
+Rendering: statements keep their source, comments and layout (one blank line between definitions). A module's
+section opens with one line, `RULE`, its file and its docstring's first paragraph (cut with " ..." to fit); each
+docstring is one line, its first sentence (cut likewise), as the file's header says."""
 
 from __future__ import annotations
 

@@ -64,10 +64,10 @@ OUTPUT_SHOWN_BYTES = 1 << 20    # shown line by line (show_output) up to this mu
 OUTPUT_PREFIX = "[submission] "
 # What a timed call that does nothing costs here, measured before the file is imported: these many calls.
 BASELINE_RULE = StoppingRule(max_calls=20, budget_s=1e9, min_wall_s=1e9)
-# Timed calls may take this much longer here than the times sent back, 1.25 times their harness's
+# Timed calls may take this much longer here than the times sent back, COST_SHARE times their harness's
 # own cost and these slacks explain: each time times WALL_SHARE, a slack per call, and one per run
 # (a CPU's wall clock, shared with everything else on the machine, gets more).
-WALL_SHARE, WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 1.25, 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
+WALL_SHARE, COST_SHARE, WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 1.25, 1.25, 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
 _PAGE = 4096
 _PIPE_BYTES = 1 << 20
 _CHUNK = 1 << 20
@@ -163,11 +163,11 @@ def sandbox(cuda: bool) -> Sandbox:
     folders = child.package_folders(PACKAGE, str(PACKAGE_DIR))
     named = os.environ.get(BWRAP_ENV_VAR) or None
     bwrap = shutil.which(named or "bwrap") if named != "off" else None
-    bwrap = bwrap and os.path.abspath(bwrap)  # the child starts in its work folder, where a relative path misses
     if bwrap is None:
         why = (f"{BWRAP_ENV_VAR}=off" if named == "off" else f"{BWRAP_ENV_VAR}={named} is not a program" if named
                else f"no bwrap on PATH (install bubblewrap, or name one with {BWRAP_ENV_VAR})")
         return Sandbox(None, _unsandboxed(folders, why))
+    bwrap = os.path.abspath(bwrap)  # the submission's process starts in its work folder: no relative path
     command = [bwrap, "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net", "--cap-drop", "ALL"]
     for name in sorted(os.listdir("/")):  # all of / read-only, but its own /proc, /dev and /tmp, and no /run
         path = "/" + name
@@ -438,21 +438,22 @@ class SubmissionProcess:
         if self.call_cost_s is None:
             return
         slack = WALL_SHARE * sent + len(samples) * WALL_SLACK_PER_CALL_S + WALL_SLACK_S[self.device.type]
-        cost = self.call_cost_s
-        if took > slack + len(samples) * 1.25 * cost and self.device.type == "cuda":
-            cost = max(cost, self._call_cost_now())
-        if took > slack + len(samples) * 1.25 * cost:
+        costs = [self.call_cost_s]  # before the import, then (where that explains too little) now
+        if took > slack + len(samples) * COST_SHARE * costs[0] and self.device.type == "cuda":
+            costs.append(self._call_cost_now())
+        if took > (explained := slack + len(samples) * COST_SHARE * max(costs)):
+            each = " us, now ".join(f"{cost * 1e6:.0f}" for cost in costs)
             self._end(f"the timed calls: {len(samples)} calls took {took:.3g} s here, of which the times its process "
-                      f"sent ({sent:.3g} s in all) and the timing's own cost ({cost * 1e6:.0f} us a call) explain at "
-                      f"most {slack + len(samples) * 1.25 * cost:.3g} s: those times were not measured honestly")
+                      f"sent ({sent:.3g} s in all) and the timing's own cost ({each} us a call) explain at most "
+                      f"{explained:.3g} s: those times were not measured honestly")
 
     @staticmethod
     def _call_cost_now() -> float:
-        """A timed call of nothing here, now (s; 0 if no GPU memory is left): the floor stays the hard limit."""
+        """A timed call of nothing here, now (s; 0 where the GPU cannot run BASELINE_RULE's calls): the floor stays."""
         started = time.monotonic()
         try:
             samples = nvfp4lib.bench.timing.leaderboard_time(lambda: None, BASELINE_RULE).samples
-        except torch.OutOfMemoryError:
+        except RuntimeError:  # torch.OutOfMemoryError and the CUDA errors are RuntimeErrors
             return 0.0
         finally:
             torch.cuda.empty_cache()
