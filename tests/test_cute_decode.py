@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 
-from nvfp4lib.cute import decode as cute_decode
+from nvfp4lib.cute import constants
 from nvfp4lib.formats import E2M1_VALUES
 
 
@@ -39,14 +39,14 @@ def test_cute_modules_import_without_the_dsl():
 
 
 def test_lookup_table_holds_twice_each_magnitude():
-    table = [(cute_decode.LUT_LO | cute_decode.LUT_HI << 32) >> (8 * i) & 0xFF for i in range(8)]
+    table = [(constants.LUT_LO | constants.LUT_HI << 32) >> (8 * i) & 0xFF for i in range(8)]
     assert table == [2 * v for v in E2M1_VALUES[:8]] == [0, 1, 2, 3, 4, 6, 8, 12]
     assert all(byte < 0x80 for byte in table)  # so prmt's sign-replicate flag yields 0 for negative codes
 
 
 def test_constants_say_what_their_names_say():
-    assert cute_decode.SIGN_BITS == sum(8 << (4 * i) for i in range(8))  # bit 3 of every code of a word
+    assert constants.SIGN_BITS == sum(8 << (4 * i) for i in range(8))  # bit 3 of every code of a word
     two14 = np.float16(2.0**14).view(np.uint16)
-    assert cute_decode.FP16X2_2_POW_14 == int(two14) | int(two14) << 16
+    assert constants.FP16X2_2_POW_14 == int(two14) | int(two14) << 16
     # the bit trick decodes A to v * 2^-14 (B to v); the lookup decodes both to 2v
-    assert cute_decode.DECODE_FACTOR == {"hw": 1.0, "bitops": 2.0**14, "lut": 1 / (2 * 2)}
+    assert constants.DECODE_FACTOR == {"hw": 1.0, "bitops": 2.0**14, "lut": 1 / (2 * 2)}
