@@ -120,6 +120,8 @@ class ClockHeld(SubmissionProcess):
     (5, 0.0501, 183.2, 2559e-6, 9.8e-3, True),     # the naive kernel's run of that time, with a cost as its calls took
     (14, 0.102, 1e-3, 2550e-6, 2550e-6, False),    # measured: a file that rewrote its timer, alone on the GPU
     (14, 0.102, 1e-3, 2550e-6, 1e-3, False),       # a GPU less busy now than then keeps the earlier cost
+    (5, 0.0496, 183.6, 2446e-6, 4118e-6, True),    # measured: the naive kernel's run while three other test runs
+    # shared the GPU, its two launches a call waiting for time slices where the call of nothing's one did
 ])
 def test_the_wall_clock_check_uses_what_a_call_of_nothing_costs_now_on_a_busier_gpu(calls, took, sent_us, before,
                                                                                      now, honest):

@@ -625,9 +625,8 @@ class Section(NamedTuple):
 
 
 def sections(source: str) -> list[Section]:
-    """The sections of a file `export_source` wrote, in order: each inlined module under the file named by its
-    header, `GENERATED` for the head and the tail. The counts add up to the file's; a module's includes its
-    header line and the blank line before the next one."""
+    """The sections of a file `export_source` wrote, in order: each inlined module's (its header line to the next
+    section's) under its file's name, `GENERATED` for the head and the tail; the counts add up to the file's."""
     lines, starts = source.splitlines(), [(0, GENERATED)]
     for i, line in enumerate(lines[:-1]):
         if line.startswith(f"{RULE}{PACKAGE}/"):

@@ -64,10 +64,11 @@ OUTPUT_SHOWN_BYTES = 1 << 20    # shown line by line (show_output) up to this mu
 OUTPUT_PREFIX = "[submission] "
 # What a timed call that does nothing costs here, measured before the file is imported: these many calls.
 BASELINE_RULE = StoppingRule(max_calls=20, budget_s=1e9, min_wall_s=1e9)
-# Timed calls may take this much longer here than the times sent back, COST_SHARE times their harness's
-# own cost and these slacks explain: each time times WALL_SHARE, a slack per call, and one per run
-# (a CPU's wall clock, shared with everything else on the machine, gets more).
-WALL_SHARE, COST_SHARE, WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 1.25, 1.25, 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
+# Timed calls may take this much longer than the times sent back, COST_SHARE times their harness's own cost and these
+# slacks explain: each time times WALL_SHARE, a slack per call, one per run (a CPU's more). On a GPU busier now than
+# before the import, a call's flush, kernels and sync each wait for time slices: CONTENDED_WAITS times the extra.
+WALL_SHARE, COST_SHARE, CONTENDED_WAITS = 1.25, 1.25, 3
+WALL_SLACK_PER_CALL_S, WALL_SLACK_S = 0.2e-3, {"cuda": 0.02, "cpu": 2.0}
 _PAGE = 4096
 _PIPE_BYTES = 1 << 20
 _CHUNK = 1 << 20
@@ -429,8 +430,7 @@ class SubmissionProcess:
                                      for i, d in enumerate(outputs)], answer["device"])
 
     def _hold_to_clock(self, samples: list[float], took: float) -> None:
-        """The times of a run of timed calls against how long the run took here (see `time`); a GPU that is
-        slower than before the import gets the cost of a call of nothing as this process measures it now."""
+        """The times of a run of timed calls against how long the run took here (see `time` and COST_SHARE)."""
         sent = sum(samples) * 1e-6
         if sent > 1.01 * took + 1e-3:
             self._end(f"the timed calls: its process sent times that add up to {sent:.3g} s, more than the "
@@ -441,7 +441,8 @@ class SubmissionProcess:
         costs = [self.call_cost_s]  # before the import, then (where that explains too little) now
         if took > slack + len(samples) * COST_SHARE * costs[0] and self.device.type == "cuda":
             costs.append(self._call_cost_now())
-        if took > (explained := slack + len(samples) * COST_SHARE * max(costs)):
+        per_call = costs[0] + CONTENDED_WAITS * max(0.0, costs[-1] - costs[0])
+        if took > (explained := slack + len(samples) * COST_SHARE * per_call):
             each = " us, now ".join(f"{cost * 1e6:.0f}" for cost in costs)
             self._end(f"the timed calls: {len(samples)} calls took {took:.3g} s here, of which the times its process "
                       f"sent ({sent:.3g} s in all) and the timing's own cost ({each} us a call) explain at most "
