@@ -113,14 +113,11 @@ def _probe_cute_dsl() -> str | None:
     return None if cute_dsl_version_problem(version) else version
 
 
-def _cute_arch(sm: tuple[int, int] | None) -> str | None:
+def cute_arch(sm: tuple[int, int] | None = None) -> str | None:
+    """The CuTe DSL target of compute capability `sm`, by default this GPU's ("sm_100a", "sm_90a", else "sm_XY";
+    None without a GPU): what a kernel compiles for, found without the probes of `capabilities`."""
+    sm = sm or (tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None)
     return None if sm is None else {(10, 0): "sm_100a", (9, 0): "sm_90a"}.get(sm, f"sm_{sm[0]}{sm[1]}")
-
-
-def cute_arch() -> str | None:
-    """This GPU's CuTe DSL target ("sm_100a", "sm_90a", else "sm_XY"; None without one): what a kernel
-    compiles for, found without the probes of `capabilities`."""
-    return _cute_arch(tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None)
 
 
 @functools.cache
@@ -131,7 +128,7 @@ def capabilities() -> Capabilities:
     version = _probe_cute_dsl()
     fp4_reason = _fp4_gemm_reason(cuda, sm)
     return Capabilities(cuda=cuda, name=name, sm=sm, fp4_gemm=fp4_reason is None, cute_dsl=version is not None,
-                        cute_dsl_version=version, hw_e2m1=bool(sm and sm[0] >= 10), cute_arch=_cute_arch(sm),
+                        cute_dsl_version=version, hw_e2m1=bool(sm and sm[0] >= 10), cute_arch=cute_arch(sm),
                         fp4_gemm_reason=fp4_reason)
 
 

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from nvfp4lib.contract import B_ROWS, BLOCK_SIZE, GemvInput
+from nvfp4lib.contract import B_ROWS, BLOCK_SIZE, GemvInput, validate_gemv_input
 from nvfp4lib.device import capabilities
 from nvfp4lib.formats import E2M1_VALUES
 from nvfp4lib.layouts import to_permuted
@@ -75,6 +75,13 @@ def dequantized_gemv(data) -> torch.Tensor:
         return table[nibbles] * scales.double().repeat_interleave(BLOCK_SIZE, dim=1)
 
     return torch.einsum("mkl,kl->ml", values(a, sfa), values(b[:1], sfb[:1])[0]).unsqueeze(1)
+
+
+def exact_gemv(data) -> torch.Tensor:
+    """`dequantized_gemv` of a checked 7-tuple, rounded into c: what an exported file runs where nothing else can
+    (`paths.IN_A_FILE`). Slow (float64, every call), and exact up to float64's rounding of the sum."""
+    validate_gemv_input(data)
+    return data[6].copy_(dequantized_gemv(data))
 
 
 @functools.lru_cache(maxsize=2 * len(SELF_CHECK_SHAPES))  # the shapes on the CPU and on one GPU

@@ -19,10 +19,11 @@ from typing import Callable
 
 from nvfp4lib.contract import first_tensor
 from nvfp4lib.device import Capabilities, missing
+from nvfp4lib.fallback import exact_gemv
 from nvfp4lib.graphs import GraphedGemv
 from nvfp4lib.reference import reference_gemv
-from nvfp4lib.scaled_mm import (functional_unavailable_reason, gemv_scaled_mm_functional, gemv_scaled_mm_permuted,
-                                gemv_scaled_mm_reference, gemv_scaled_mm_transposed)
+from nvfp4lib.scaled_mm import (functional_unavailable_reason, gemv_cublas_permuted, gemv_scaled_mm_functional,
+                                gemv_scaled_mm_permuted, gemv_scaled_mm_reference, gemv_scaled_mm_transposed)
 from nvfp4lib.streams import run_batches, shared_pool
 
 SCALED_MM_POOL_STREAMS = 4  # streams of "scaled_mm_streams"
@@ -43,6 +44,13 @@ def cute_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
 def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
     """Paths built on PyTorch alone run on every device."""
     return None
+
+
+def needs_fp4_gemm(caps: Capabilities, on_cuda: bool) -> str | None:
+    """Why torch._scaled_mm cannot run on cuBLAS here (None: it can): it needs its FP4 GEMM, inputs on the GPU."""
+    if not on_cuda:
+        return "cuBLAS's FP4 GEMM needs the inputs on a CUDA GPU"
+    return missing(caps, "fp4_gemm")
 
 
 def functional_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
@@ -83,6 +91,16 @@ def _cute_naive() -> Callable:
 def _scaled_mm_permuted() -> Callable:
     """A named builder (not a lambda): the exported files inline it, as they inline `_cute_fast`."""
     return gemv_scaled_mm_permuted
+
+
+def _scaled_mm_cublas() -> Callable:
+    """`_scaled_mm_permuted` on cuBLAS alone (`IN_A_FILE`)."""
+    return gemv_cublas_permuted
+
+
+def _exact() -> Callable:
+    """`fallback.exact_gemv`, an exported file's last resort (`IN_A_FILE`)."""
+    return exact_gemv
 
 
 def _reference_into_c(data):
@@ -157,6 +175,14 @@ FALLBACK_ORDER = ("cute_fast", "scaled_mm_permuted")
 """The paths tried in order where nothing is forced or measured, by the dispatcher and the exported
 files alike (`fallback.first_working`). "scaled_mm_permuted" runs everywhere (cuBLAS FP4 on Blackwell,
 its emulation elsewhere), so it is last. Both sum in fp32; only the path "reference" is exact."""
+
+
+FILE_FALLBACK_ORDER = FALLBACK_ORDER + ("exact",)
+"""The paths an exported file tries after its own: `FALLBACK_ORDER`, then "exact", which runs anywhere."""
+IN_A_FILE = {"scaled_mm_permuted": (needs_fp4_gemm, _scaled_mm_cublas), "exact": (runs_anywhere, _exact)}
+"""(unavailable, build) of the paths an exported file runs otherwise than `PATHS` does: torch._scaled_mm on cuBLAS
+alone, since a submission runs no emulation, and "exact", the dequantize-and-matmul its self-check compares with
+(the dispatcher ends with the emulation instead)."""
 
 
 def check_name(name: str, source: str) -> str:

@@ -171,13 +171,14 @@ def _emulate(mat1, mat2, scale_a, scale_b, bias=None, out_dtype=OUT_DTYPE) -> to
     return out.to(out_dtype)
 
 
-def _scaled_mm(mat1, mat2, scale1, scale2, hardware: bool, gemm=None) -> torch.Tensor:
-    """The FP4 GEMM: ``gemm`` (default torch._scaled_mm) where the hardware has it, else the emulation."""
-    if not hardware:
-        return _emulate(mat1, mat2, scale1, scale2)
-    if gemm is not None:
-        return gemm(mat1, mat2, scale1, scale2)
+def _cublas_fp4(mat1, mat2, scale1, scale2) -> torch.Tensor:
+    """torch._scaled_mm itself: cuBLAS's block-scaled FP4 GEMM, fp16 out (Blackwell)."""
     return torch._scaled_mm(mat1, mat2, scale1, scale2, out_dtype=OUT_DTYPE)
+
+
+def _gemm_on(device: torch.device, gemm=_cublas_fp4):
+    """``gemm`` where `device` has the FP4 GEMM, else the emulation (`_emulate`); `last_backend` says which."""
+    return gemm if _use_hardware(device) else _emulate
 
 
 def _checked_blocked_views(data):
@@ -201,13 +202,11 @@ def _checked(data):
     return _prepared.get(data, _checked_blocked_views)
 
 
-def _gemv_per_batch(data, blocked_a, blocked_b, gemm=None) -> torch.Tensor:
-    """Per batch l, ``A @ B_padded.T`` with the blocked scales blocked_a[l], blocked_b[l]: column 0 into c."""
+def _gemv_per_batch(data, blocked_a, blocked_b, gemm) -> torch.Tensor:
+    """Per batch l, ``gemm(A, B_padded.T)`` with the blocked scales blocked_a[l], blocked_b[l]: column 0 into c."""
     a, b, _, _, _, _, c = data
-    hardware = _use_hardware(a.device)
     for l in range(a.shape[2]):
-        out = _scaled_mm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l], hardware, gemm)
-        c[:, 0, l].copy_(out[:, 0])
+        c[:, 0, l].copy_(gemm(a[:, :, l], b[:, :, l].T, blocked_a[l], blocked_b[l])[:, 0])
     return c
 
 
@@ -221,8 +220,9 @@ def gemv_scaled_mm_reference(data) -> torch.Tensor:
     zero-padded copy plus a permuting copy per batch and operand, i.e. extra kernels and an extra read + write
     of all the A scales (1/8 of A's bytes). It is the baseline the other variants save against."""
     _checked(data)
-    _, _, sfa, sfb, _, _, _ = data
-    return _gemv_per_batch(data, *([to_blocked(sf[:, :, l]) for l in range(sf.shape[2])] for sf in (sfa, sfb)))
+    a, _, sfa, sfb, _, _, _ = data
+    blocked = ([to_blocked(sf[:, :, l]) for l in range(sf.shape[2])] for sf in (sfa, sfb))
+    return _gemv_per_batch(data, *blocked, _gemm_on(a.device))
 
 
 def gemv_scaled_mm_permuted(data) -> torch.Tensor:
@@ -230,7 +230,14 @@ def gemv_scaled_mm_permuted(data) -> torch.Tensor:
     of the permuted tensor is stored as exactly the bytes of the blocked buffer, so the conversion kernels and
     their traffic disappear and only the GEMM (plus the column copy) remains. The inputs carry both forms for
     this reason."""
-    return _gemv_per_batch(data, *_checked(data))
+    blocked = _checked(data)
+    return _gemv_per_batch(data, *blocked, _gemm_on(data[0].device))
+
+
+def gemv_cublas_permuted(data) -> torch.Tensor:
+    """`gemv_scaled_mm_permuted` on cuBLAS alone, never the emulation: how an exported file runs that path, where
+    the GPU has the FP4 GEMM (`paths.IN_A_FILE`)."""
+    return _gemv_per_batch(data, *_checked(data), _cublas_fp4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,12 +285,11 @@ def gemv_scaled_mm_transposed(data, *, streams: int = 0, side_stream: bool = Fal
         raise NVFP4InputError(f"streams: expected an int >= 0 (0 = the caller's stream), got {streams!r}")
     _checked(data)
     a, b, sfa, sfb, _, _, c = data
-    hardware = _use_hardware(a.device)
+    gemm = _gemm_on(a.device)
     blocked_a, blocked_b = blocked_scales(sfa, sfb, side_stream=side_stream)
 
     def one_batch(l: int) -> None:
-        out = _scaled_mm(b[:, :, l], a[:, :, l].T, blocked_b[l], blocked_a[l], hardware)
-        c[:, 0, l].copy_(out[0])
+        c[:, 0, l].copy_(gemm(b[:, :, l], a[:, :, l].T, blocked_b[l], blocked_a[l])[0])
 
     if streams and a.is_cuda:
         shared_pool(a.device, streams).run(one_batch, range(a.shape[2]))
@@ -333,4 +339,5 @@ def gemv_scaled_mm_functional(data) -> torch.Tensor:
         return fn(mat1, mat2, scale1, recipe, scale2, recipe, swizzle_a=swizzle, swizzle_b=swizzle,
                   output_dtype=OUT_DTYPE)
 
-    return _gemv_per_batch(data, *_checked(data), gemm)
+    blocked = _checked(data)
+    return _gemv_per_batch(data, *blocked, _gemm_on(data[0].device, gemm))

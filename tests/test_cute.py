@@ -4,6 +4,7 @@ which run through the same host."""
 
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -326,17 +327,22 @@ def test_without_tvm_ffi_the_kernels_take_the_plain_call_path(monkeypatch):
     import ctypes
 
     monkeypatch.setitem(sys.modules, "tvm_ffi", None)
-    assert not cute_gemv.has_tvm_ffi()
+    assert device.tvm_ffi_problem() == "apache-tvm-ffi is not installed"
     fn = cute_gemv.default_config(7168).compile("sm_100a", 7168)
     assert type(fn).__name__ == "CudaDialectJitCompiledFunction"
     with pytest.raises(Exception, match="TVM FFI is not installed"):
         cute_gemv.default_config(7168).compile("sm_100a", 7168, tvm_ffi=True)
-    pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)
-    args = cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=False)
-    marshalled, _ = fn.generate_execution_args(*args, cute_gemv.cu_stream()(0))
+    from cuda.bindings.driver import CUstream
+
+    pointers = (2**40 + 16, 2**33 + 32, 48, 64, 2**47 - 128)  # a, b, the scales read (permuted), c
+    a, b, sfa_permuted, sfb_permuted, c = [SimpleNamespace(data_ptr=lambda p=p: p, shape=(7168, 3584, 4))
+                                           for p in pointers]
+    data = (a, b, None, None, sfa_permuted, sfb_permuted, c)
+    args = cute_gemv.kernel_arguments(data, True, tvm_ffi=False)
+    marshalled, _ = fn.generate_execution_args(*args, CUstream(0))
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int64)).contents.value for p in marshalled[:5]] == list(pointers)
     assert [ctypes.cast(p, ctypes.POINTER(ctypes.c_int32)).contents.value for p in marshalled[5:8]] == [3584, 7168, 4]
-    assert cute_gemv.launch_arguments(pointers, 3584, 7168, 4, tvm_ffi=True) == (*pointers, 3584, 7168, 4)
+    assert cute_gemv.kernel_arguments(data, True, tvm_ffi=True) == (*pointers, 3584, 7168, 4)
 
 
 def test_runner_without_tvm_ffi_says_so_and_compiles_for_the_plain_call(monkeypatch, capsys):

@@ -9,7 +9,7 @@ import torch
 
 import nvfp4lib
 from nvfp4lib import device
-from nvfp4lib.device import (Capabilities, _cute_arch, _fp4_gemm_reason, capabilities, cute_arch, environment_report,
+from nvfp4lib.device import (Capabilities, _fp4_gemm_reason, capabilities, cute_arch, environment_report,
                              print_environment)
 
 
@@ -25,7 +25,7 @@ def test_capabilities_are_consistent():
     assert (caps.cute_dsl_version is not None) == caps.cute_dsl
     if caps.cuda:
         assert caps.sm == tuple(torch.cuda.get_device_capability())
-        assert caps.hw_e2m1 == (caps.sm[0] >= 10) and caps.cute_arch == _cute_arch(caps.sm)
+        assert caps.hw_e2m1 == (caps.sm[0] >= 10) and caps.cute_arch == cute_arch(caps.sm)
     else:
         assert caps.sm is None and caps.cute_arch is None
         assert not caps.fp4_gemm and not caps.hw_e2m1
@@ -35,11 +35,10 @@ def test_capabilities_are_consistent():
 
 
 def test_cute_arch_names():
-    assert _cute_arch((10, 0)) == "sm_100a"
-    assert _cute_arch((9, 0)) == "sm_90a"
-    assert _cute_arch((8, 9)) == "sm_89"
-    assert _cute_arch((12, 0)) == "sm_120"
-    assert _cute_arch(None) is None
+    assert cute_arch((10, 0)) == "sm_100a"
+    assert cute_arch((9, 0)) == "sm_90a"
+    assert cute_arch((8, 9)) == "sm_89"
+    assert cute_arch((12, 0)) == "sm_120"
 
 
 def test_summary_is_one_line():

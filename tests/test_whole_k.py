@@ -231,7 +231,7 @@ def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
         pytest.skip("CuTe DSL (nvidia-cutlass-dsl) is not installed")
     monkeypatch.setattr(gemv, "cute_arch", lambda: "sm_100a")
     compiles = []
-    monkeypatch.setattr(whole_k, "compile_whole_k", lambda arch, cfg, k, options="", tvm_ffi=None:
+    monkeypatch.setattr(WholeKConfig, "compile", lambda cfg, arch, k, options="", tvm_ffi=None:
                         compiles.append((arch, cfg, k)) or object())
     from nvfp4lib.cute.launch import compiled_kernel as cache
     cache.cache_clear()

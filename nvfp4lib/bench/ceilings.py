@@ -196,11 +196,9 @@ class StreamRead:
     THREADS, LOADS = 256, 4
 
     def __init__(self):
-        from nvfp4lib.cute.gemv import current_stream_handle
-
         self.fn = compile_stream_read()
         self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
-        self._stream = current_stream_handle
+        self._stream = torch._C._cuda_getCurrentRawStream  # the raw handle of a device's current stream
 
     def __call__(self, buf: torch.Tensor) -> None:
         """Read `buf` (uint8, a whole number of 16-byte vectors, e.g. `read_buffer`) once."""

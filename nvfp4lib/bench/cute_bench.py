@@ -36,9 +36,8 @@ from nvfp4lib.bench.report import context_fields, write_csv
 from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.contract import Shape
 from nvfp4lib.cute.gemv import CuteGemv
-from nvfp4lib.cute.decode import block_dot, decode_b_word, decode_word_bitops, scaled_b
-from nvfp4lib.cute.ptx import e4m3x2_to_f32, fma_rn_f32
-from nvfp4lib.cute.whole_k import WholeKConfig, loads_joined
+from nvfp4lib.cute.decode import block_dot, decode_b_word, decode_word_bitops
+from nvfp4lib.cute.whole_k import WholeKConfig, accumulate_rows
 from nvfp4lib.device import capabilities, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.study.generic_kernels import FastConfig, TiledConfig, generic_config, loads_xor
@@ -104,7 +103,9 @@ def kernel_name(variant: str, cfg=None) -> str:
     if cfg is None or cfg is generic_config:
         return "cute_fast" if cfg is None else "cute_generic"
     changed = [f"{field.name}={getattr(cfg, field.name)}" for field in dataclasses.fields(cfg)
-               if getattr(cfg, field.name) != field.default] + (["compute=False"] * isinstance(cfg, WholeKLoadsOnly))
+               if getattr(cfg, field.name) != field.default]
+    if isinstance(cfg, WholeKLoadsOnly):
+        changed.append("compute=False")
     kind = "tiled" if isinstance(cfg, TiledConfig) else "wholek" if isinstance(cfg, WholeKConfig) else "fast"
     return f"cute_{kind}[{','.join(changed)}]"
 
@@ -178,18 +179,18 @@ class WholeKBitTrick(WholeKConfig):
     DECODES = ("bitops",)
 
     def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
-        b_words, sfb_pairs, a_words, sfa_pairs = loaded
-        zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, zero)
-        b_words = [[w ^ zero for w in words] for words in b_words]  # B's words carry the dependency
-        C = plan.chunks_per_thread
-        for i in range(C):
-            b_dec = [x for w in b_words[i] for x in decode_b_word(w, False)]
-            sb = scaled_b(sfb_pairs[i], "bitops")
-            for q, (a, pair) in enumerate(zip(a_words[i::C], sfa_pairs[i::C])):
-                sa0, sa1 = e4m3x2_to_f32(pair)
-                d0, d1 = (block_dot(a[0:2], b_dec[0:8], decode_word_bitops),
-                          block_dot(a[2:4], b_dec[8:16], decode_word_bitops))
-                acc[q] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[q]))
+        accumulate_rows(acc, plan, decode, loaded, zero, _bit_trick_b_chunk, _bit_trick_dots)
+
+
+def _bit_trick_b_chunk(words, decode: str, lookup) -> list:
+    """A chunk of B as true fp16 halves, 8 per word (`decode.decode_b_word`)."""
+    return [x for w in words for x in decode_b_word(w, False)]
+
+
+def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
+    """The chunk's two block sums with A decoded by the bit trick (`decode.decode_word_bitops`)."""
+    return (block_dot(a_words[0:2], b_dec[0:8], decode_word_bitops),
+            block_dot(a_words[2:4], b_dec[8:16], decode_word_bitops))
 
 
 def parse_whole_k_config(text: str) -> WholeKConfig:

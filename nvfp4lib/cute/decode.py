@@ -32,12 +32,6 @@ def decode_factor(decode: str):
     return Float32(DECODE_FACTOR[decode])
 
 
-def half2_sum_f32(h2):
-    """lo + hi of a packed half2, in fp32."""
-    lo, hi = half2_to_f32_pair(h2)
-    return lo + hi
-
-
 # --------------------------------------------------------------------------- packed fp16 decodes
 
 
@@ -85,7 +79,8 @@ def block_dot(a_words, b_halves, decode_a=decode_word_hw):
         a_halves = decode_a(a_words[w])
         for h in range(4):
             acc = fma_rn_f16x2(a_halves[h], b_halves[4 * w + h], acc)
-    return half2_sum_f32(acc)
+    lo, hi = half2_to_f32_pair(acc)  # the two lanes' sums, added in fp32
+    return lo + hi
 
 
 # --------------------------------------------------------------------------- byte-table lookup (Hopper)
@@ -154,12 +149,12 @@ def chunk_dots(a_words, b_dec, decode: str, lookup=None):
     return block_dot_lut2(a_words[0:2], b_dec[0:4], lookup), block_dot_lut2(a_words[2:4], b_dec[4:8], lookup)
 
 
-def accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, lookup=None):
+def accumulate_chunk(acc, a_chunks, sfa_pairs, b_dec, sb, decode: str, lookup=None, dots=chunk_dots):
     """acc[r] += the two scaled block sums of row r's chunk (``a_chunks[r]``: 4 words, ``sfa_pairs[r]``
     its scales) against one chunk of B (``b_dec``: `decode_b_chunk`; ``sb``: `scaled_b`), for every row,
     each block added with ``fma.rn.f32(sa * sb, block sum, acc)``, block 0 then 1: the order
-    `nvfp4lib.study.whole_k_model` reproduces."""
+    `nvfp4lib.study.whole_k_model` reproduces. ``dots``: `chunk_dots`, or a benchmark form's own."""
     for r in range(len(a_chunks)):
         sa0, sa1 = e4m3x2_to_f32(sfa_pairs[r])
-        d0, d1 = chunk_dots(a_chunks[r], b_dec, decode, lookup)
+        d0, d1 = dots(a_chunks[r], b_dec, decode, lookup)
         acc[r] = fma_rn_f32(sa1 * sb[1], d1, fma_rn_f32(sa0 * sb[0], d0, acc[r]))

@@ -15,7 +15,6 @@ package's paths), `CuteGemv` names a runner by variant. The kernels are built an
 
 from __future__ import annotations
 
-import functools
 import sys
 from dataclasses import dataclass
 
@@ -24,12 +23,12 @@ import torch
 from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
 from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
-from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel, has_tvm_ffi,
+from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel,
                                   permuted_scale_views, plain_scale_views, require_dsl, resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
                                ld_global_u16_if, ld_global_u32)
 from nvfp4lib.cute.whole_k import MAX_CHUNKS_PER_THREAD, WholeKConfig
-from nvfp4lib.device import cute_arch
+from nvfp4lib.device import cute_arch, tvm_ffi_problem
 
 _INT32_MAX = 2**31 - 1
 NAIVE_THREADS = 128  # threads per block of the naive kernel, one row each
@@ -202,36 +201,17 @@ def check_launch_bounds(shape) -> None:
                               f"with 32-bit integers), got K = {k}")
 
 
-def launch_arguments(pointers, kh: int, m: int, l: int, tvm_ffi: bool) -> tuple:
-    """The arguments of a compiled kernel before the stream: plain integers through TVM-FFI; the
-    DSL's own Int64/Int32 values through its plain call path (a Python int would become an Int32)."""
-    if tvm_ffi:
-        return (*pointers, kh, m, l)
-    return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
-
-
 def kernel_arguments(data, permuted_scales: bool, tvm_ffi: bool) -> tuple:
-    """`launch_arguments` of a 7-tuple: the addresses of a, b, the scales a kernel reads and c; K/2, M, L."""
+    """The arguments of a compiled kernel before the stream, from a 7-tuple: the addresses of a, b, the scales the
+    kernel reads and c; K/2, M, L. Plain integers through TVM-FFI; the DSL's own Int64/Int32 values through its
+    plain call path (a Python int would become an Int32)."""
     a, b, sfa, sfb, sfa_permuted, sfb_permuted, c = data
     if permuted_scales:
         sfa, sfb = sfa_permuted, sfb_permuted
-    m, kh, l = a.shape
-    return launch_arguments((a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr()), kh, m, l,
-                            tvm_ffi)
-
-
-@functools.cache
-def cu_stream():
-    """The driver's CUstream type: the CUDA stream as the DSL's plain call path takes it, ``cu_stream()(handle)``
-    (through TVM-FFI a kernel takes the raw handle). Imported once, not on every call."""
-    from cuda.bindings.driver import CUstream
-
-    return CUstream
-
-
-def current_stream_handle(device: int) -> int:
-    """The raw handle of this device's current stream (a C call; no Stream object is built)."""
-    return torch._C._cuda_getCurrentRawStream(device)
+    pointers, (m, kh, l) = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr()), a.shape
+    if tvm_ffi:
+        return (*pointers, kh, m, l)
+    return (*[Int64(p) for p in pointers], Int32(kh), Int32(m), Int32(l))
 
 
 class CuteLaunch:
@@ -242,10 +222,12 @@ class CuteLaunch:
     plain call path). The standalone file's kernel; `CuteRunner` is the same call with every input validated."""
 
     def __init__(self, config, compile_at=()):
-        self.arch, self.tvm_ffi = cute_arch(), has_tvm_ffi()  # arch None: no CUDA GPU, nothing compiled now
+        self.arch, self.tvm_ffi = cute_arch(), tvm_ffi_problem() is None  # arch None: no GPU, nothing compiled now
         self._rule = config if callable(config) else lambda k: config
         self._by_k: dict[int, tuple] = {}  # K -> (config, compiled kernel)
-        self._cu_stream = cu_stream() if self.arch and not self.tvm_ffi else None  # the plain call path's stream
+        if self.arch and not self.tvm_ffi:  # the plain call path takes the stream as the driver's CUstream
+            from cuda.bindings.driver import CUstream
+            self._cu_stream = CUstream
         if self.arch and not callable(config):
             config.compiled(self.arch, None, self.tvm_ffi)
         for k in compile_at if self.arch else ():
@@ -264,16 +246,15 @@ class CuteLaunch:
         NVFP4InputError naming the argument."""
         known = self._by_k.get(k)
         if known is None:
-            refused = self.refusal(k)
+            cfg, refused = self.config_for(k), self.refusal(k)
             if refused is not None:
                 raise NVFP4InputError(refused)
-            cfg = self.config_for(k)
             known = self._by_k[k] = (cfg, cfg.compiled(self.arch, k, self.tvm_ffi))
         return known
 
     def launch(self, fn, args, device: int, stream: torch.cuda.Stream | None) -> None:
         """``fn(*args, stream)`` on ``stream`` or the device's current one, as this call path takes a stream."""
-        handle = current_stream_handle(device) if stream is None else stream.cuda_stream
+        handle = torch._C._cuda_getCurrentRawStream(device) if stream is None else stream.cuda_stream  # a C call
         fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:

@@ -15,9 +15,8 @@ from nvfp4lib.device import cute_arch, tvm_ffi_problem
 
 
 def _gmem_tensor(dtype, address, shape, stride, align: int):
-    return cute.make_tensor(
-        cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align), cute.make_layout(shape, stride=stride)
-    )
+    pointer = cute.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=align)
+    return cute.make_tensor(pointer, cute.make_layout(shape, stride=stride))
 
 
 def plain_scale_views(sfa_ptr, sfb_ptr, m, kb, l):
@@ -62,11 +61,6 @@ def resolve_decode(arch: str, decode: str = "auto") -> str:
     return decode
 
 
-def has_tvm_ffi() -> bool:
-    """Whether the kernels are compiled for TVM-FFI calls (`device.tvm_ffi_problem`)."""
-    return tvm_ffi_problem() is None
-
-
 def require_dsl() -> None:
     """Raise RuntimeError where the installed CuTe DSL cannot build the kernels (`ptx.DSL_PROBLEM`): the
     check of every compile but a standalone file's, which has nothing checked."""
@@ -90,8 +84,7 @@ def compile_launch(launch, example_args, arch: str | None = None, options: str =
     CuTe DSL compile options."""
     arch = compile_target(arch)
     from cutlass.cute.runtime import make_fake_stream  # the DSL is there: compile_target checked it
-
-    tvm_ffi = has_tvm_ffi() if tvm_ffi is None else tvm_ffi
+    tvm_ffi = tvm_ffi_problem() is None if tvm_ffi is None else tvm_ffi
     return cute.compile(launch, *example_args, make_fake_stream(),
                         options=f"{'--enable-tvm-ffi ' if tvm_ffi else ''}--gpu-arch {arch} {options}")
 
@@ -100,7 +93,7 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
                         tvm_ffi: bool | None = None, example_kh: int = 1):
     """`compile_launch` of the launch every GEMV kernel has: ``kernel(a, b, sfa, sfb, c)`` on the
     `leaderboard_tensors` of (5 addresses, K/2, M, L) with ``scale_views``, ``threads`` per block, ``grid(m, l)``
-    blocks (traced: M and L are runtime values). Called with `gemv.launch_arguments` and the stream."""
+    blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream."""
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):

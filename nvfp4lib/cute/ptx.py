@@ -61,13 +61,6 @@ def _constraint(dtype) -> str:
     return "f" if dtype is Float32 else {16: "h", 32: "r", 64: "l"}[dtype.width]
 
 
-def _operand(arg, loc, ip):
-    """(MLIR value, constraint) of one input: a CuTe pointer as its 64-bit address, else a DSL scalar."""
-    if isinstance(arg, cute.Pointer):
-        return arg.llvm_ptr, "l"
-    return arg.ir_value(loc=loc, ip=ip), _constraint(type(arg))
-
-
 def inline_ptx(ptx: str, write_only_types=(), read_only_args=(), *, loc=None, ip=None):
     """``ptx`` as one inline-assembly op: ``{$wN}`` are its outputs (of ``write_only_types``), ``{$rN}`` its
     inputs (``read_only_args``: DSL scalars or CuTe pointers). Written on the MLIR ``llvm.inline_asm`` op, which
@@ -76,7 +69,8 @@ def inline_ptx(ptx: str, write_only_types=(), read_only_args=(), *, loc=None, ip
     compiler neither moves one across a barrier nor merges two. Returns None, one value, or a tuple."""
     n_out = len(write_only_types)
     asm = _PLACEHOLDER.sub(lambda m: f"${int(m[2]) + (n_out if m[1] == 'r' else 0)}", ptx)
-    inputs = [_operand(arg, loc, ip) for arg in read_only_args]
+    inputs = [(arg.llvm_ptr, "l") if isinstance(arg, cute.Pointer) else (arg.ir_value(loc=loc, ip=ip),
+              _constraint(type(arg))) for arg in read_only_args]  # a CuTe pointer as its 64-bit address
     constraints = ",".join([f"={_constraint(t)}" for t in write_only_types] + [c for _, c in inputs])
     types = [t.mlir_type for t in write_only_types]
     result = None if n_out == 0 else types[0] if n_out == 1 else llvm.StructType.get_literal(types)
@@ -95,7 +89,6 @@ def fixed_op(ptx: str, write_only_types, casts=None):
     def op(*inputs, loc=None, ip=None):
         inputs = [x if cast is None else cast(x) for cast, x in zip(casts, inputs)] if casts else inputs
         return inline_ptx(ptx, write_only_types, inputs, loc=loc, ip=ip)
-
     return op
 
 
@@ -245,8 +238,7 @@ def l2_policy(kind: str, *, loc=None, ip=None):
     over the whole access (fraction 1.0), e.g. ``kind`` "evict_first" (read once) or "evict_last" (read by every
     block). sm_80+; ptxas folds it into a uniform descriptor, so the loads pay nothing for it. On sm_90 the
     ``.L2::evict_first`` qualifier of ``ld`` itself needs 256-bit loads (sm_100), hence the policy."""
-    return inline_ptx(f"createpolicy.fractional.L2::{kind}.b64 {{$w0}}, 1.0;", write_only_types=[Int64],
-                                read_only_args=[], loc=loc, ip=ip)
+    return inline_ptx(f"createpolicy.fractional.L2::{kind}.b64 {{$w0}}, 1.0;", [Int64], loc=loc, ip=ip)
 
 
 @dsl_user_op

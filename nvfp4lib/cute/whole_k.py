@@ -2,7 +2,7 @@
 
 The fast and tiled kernels of `nvfp4lib.cute.gemv` walk K in a loop whose bounds are runtime values, and a
 warp has one step of loads in flight. Here K is a compile-time constant, so a kernel is compiled for each K it
-meets (`compile_whole_k`), and a block owns ``rows_per_block`` consecutive rows of one batch and the whole of
+meets (`WholeKConfig.compile`), and a block owns ``rows_per_block`` consecutive rows of one batch and the whole of
 their K (`WholeKPlan`). Every thread issues all of its loads at once (its 16-byte chunks of A for each of its
 rows, and the same chunks of B), then computes and exits, as the fastest streaming read does: no loop
 bookkeeping, every address an immediate offset from one base, the block gone as soon as its rows are written.
@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
-from nvfp4lib.cute.decode import accumulate_chunk, decode_b_chunk, scaled_b
+from nvfp4lib.cute.decode import accumulate_chunk, chunk_dots, decode_b_chunk, scaled_b
 from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, plain_scale_views, resolve_decode
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
                                ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator, smem_words, st_shared,
@@ -47,7 +47,8 @@ class WholeKConfig:
     chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk). ``rows_per_thread``: the
     rows each thread computes against one decode of its chunks of B. ``row_slots``: groups of threads per
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
-    ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`)."""
+    ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). Its methods are what
+    `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
     compute = True  # ... and computes (a benchmark's loads-only form does not)
@@ -73,8 +74,6 @@ class WholeKConfig:
         """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
         accumulate_rows(acc, plan, decode, loaded, zero)
 
-    # What `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same methods).
-
     def refusal(self, k: int) -> str | None:
         """Why this config cannot run this K (`plan_for`'s error, naming the argument), or None."""
         try:
@@ -84,8 +83,11 @@ class WholeKConfig:
         return None
 
     def compile(self, arch: str | None, k: int, options: str = "", tvm_ffi: bool | None = None):
-        """The kernel of this K for ``arch``, compiled now (`compile_whole_k`)."""
-        return compile_whole_k(arch, self, k, options, tvm_ffi)
+        """The kernel of this K for ``arch`` ("sm_90a", "sm_100a", ...), compiled now; no GPU needed."""
+        arch, plan = compile_target(arch), plan_for(self, k)
+        kernel = make_whole_k_kernel(plan, self, resolve_decode(arch, self.decode))
+        return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads,
+                                   plain_scale_views, arch, options, tvm_ffi, example_kh=k // 2)
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The kernel of this K from the compile cache (`launch.compiled_kernel`): one per K, compiled on the
@@ -153,19 +155,21 @@ def lut_after(zero):
     return Int32(LUT_LO) ^ zero, Int32(LUT_HI) ^ zero
 
 
-def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero) -> None:
+def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero, decode_b=decode_b_chunk, dots=chunk_dots):
     """acc[q] += the scaled block sums of row q (``loaded``: the thread's chunks of B, their scales, its chunks of
     A and their scales, row by row): every load joined first (`loads_joined`), then chunk i of every row against
-    one decode of B's chunk i. A chunk past the row's end was loaded as zeros, and adds +0 exactly."""
+    one decode of B's chunk i. A chunk past the row's end was loaded as zeros, and adds +0 exactly. ``decode_b`` and
+    ``dots``: `decode.decode_b_chunk` and `decode.chunk_dots`, or a benchmark form's own."""
     b_words, sfb_pairs, a_words, sfa_pairs = loaded
     zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, zero)
     lookup = functools.partial(prmt_lookup, *lut_after(zero)) if decode == "lut" else None
-    if decode == "hw":  # B's words carry the dependency
+    if decode != "lut":  # B's words carry the dependency
         b_words = [[w ^ zero for w in words] for words in b_words]
     C = plan.chunks_per_thread
     for i in range(C):
-        b_dec = decode_b_chunk(b_words[i], decode, lookup)
-        accumulate_chunk(acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, lookup)
+        b_dec = decode_b(b_words[i], decode, lookup)
+        accumulate_chunk(acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, lookup,
+                         dots)
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -213,39 +217,21 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
             acc[q] = Float32(0.0)
         cfg.sum_rows(acc, plan, decode, (b_words, sfb_pairs, a_words, sfa_pairs), opaque_zero(m_rows, tidx))
 
-        if cutlass.const_expr(WP == 1):
-            for q in cutlass.range_constexpr(Q):
-                total = cute.arch.warp_reduction_sum(acc[q])
-                if lane == 0:
-                    c[m0 + slot * Q + q, 0, batch] = total.to(Float16)
-        else:  # the row's warps meet in shared memory, written and read with explicit instructions
-            partials = smem_words(smem_allocator(), R * WP, 16)  # [row][warp] fp32 partial sums
-            warp_bytes = warp_word_offset(t)
-            for q in cutlass.range_constexpr(Q):
-                total = cute.arch.warp_reduction_sum(acc[q])
-                if lane == 0:
-                    st_shared(partials + (slot * Q + q) * WP * 4 + warp_bytes, [total])
-            cute.arch.sync_threads()
-            if tidx < R:  # one thread per row of the block sums its row's warps in order
-                row = partials + tidx * (WP * 4)
-                parts = []
-                for w in cutlass.range_constexpr(0, WP, PARTIALS_PER_LOAD):
-                    loaded = ld_shared(row + w * 4, Float32, PARTIALS_PER_LOAD)
-                    parts.extend([loaded] if PARTIALS_PER_LOAD == 1 else loaded)
-                row_sum = parts[0]
-                for w in cutlass.range_constexpr(1, WP):
-                    row_sum = row_sum + parts[w]
-                c[m0 + tidx, 0, batch] = row_sum.to(Float16)
+        # The row's warps meet in shared memory (explicit instructions); one thread per row adds them in order.
+        partials = smem_words(smem_allocator(), R * WP, 16)  # [row][warp] fp32 partial sums
+        warp_bytes = warp_word_offset(t)
+        for q in cutlass.range_constexpr(Q):
+            total = cute.arch.warp_reduction_sum(acc[q])
+            if lane == 0:
+                st_shared(partials + (slot * Q + q) * WP * 4 + warp_bytes, [total])
+        cute.arch.sync_threads()
+        if tidx < R:
+            row = partials + tidx * (WP * 4)
+            parts = []
+            for w in cutlass.range_constexpr(0, WP, PARTIALS_PER_LOAD):
+                loaded = ld_shared(row + w * 4, Float32, PARTIALS_PER_LOAD)
+                parts.extend([loaded] if PARTIALS_PER_LOAD == 1 else loaded)
+            c[m0 + tidx, 0, batch] = sum(parts[1:], parts[0]).to(Float16)  # ((p0 + p1) + p2) + ...
 
     return kernel
 
-
-# --------------------------------------------------------------------------- compile & call
-
-
-def compile_whole_k(arch: str, cfg: WholeKConfig, k: int, options: str = "", tvm_ffi: bool | None = None):
-    """Compile the kernel of ``cfg`` at this K for ``arch`` ("sm_90a", "sm_100a", ...); no GPU needed."""
-    arch, plan = compile_target(arch), plan_for(cfg, k)
-    kernel = make_whole_k_kernel(plan, cfg, resolve_decode(arch, cfg.decode))
-    return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads, plain_scale_views,
-                               arch, options, tvm_ffi, example_kh=k // 2)

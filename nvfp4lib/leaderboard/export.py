@@ -14,7 +14,7 @@ The CuTe and hybrid files choose their kernel once, at import time, so that no t
 probing or compiling: they inline `nvfp4lib.leaderboard.runtime` (the code that runs in a
 submission, kept apart from this exporter) and, for each path they may run, the registry's own
 `unavailable` and `build` functions from `nvfp4lib.paths`. The choice is `fallback.first_working`'s,
-the dispatcher's chooser: the file's path, then the rest of `paths.FALLBACK_ORDER`, the first that
+the dispatcher's chooser: the file's path, then the rest of `paths.FILE_FALLBACK_ORDER`, the first that
 can run here, builds and passes its self-check. With ``--standalone`` (`STANDALONE`) a file holds the
 path's kernel alone, built by the registry's `unchecked` builder: no validation, self-check or
 fallback, for a competitor to edit. `sections` reads a generated file's sections back.
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Callable, NamedTuple
 
 import nvfp4lib
-from nvfp4lib.paths import FALLBACK_ORDER, PATHS, TRANSPOSED_STREAMS
+from nvfp4lib.paths import FILE_FALLBACK_ORDER, IN_A_FILE, PATHS, TRANSPOSED_STREAMS
 from nvfp4lib.scaled_mm import describe_backend
 from nvfp4lib.leaderboard.runtime import choose_kernel
 from nvfp4lib.leaderboard.submission_file import DIRECTIVE, PACKAGE
@@ -76,15 +76,15 @@ class ExportPath:
 
 
 def _with_fallback(first: str | None = None) -> tuple[str, ...]:
-    """`first`, then the paths of paths.FALLBACK_ORDER that are not of its family (the name's first
+    """`first`, then the paths of paths.FILE_FALLBACK_ORDER that are not of its family (the name's first
     word; all of them without `first`): the order the file tries at import."""
-    rest = tuple(p for p in FALLBACK_ORDER if first is None or p.split("_")[0] != first.split("_")[0])
+    rest = tuple(p for p in FILE_FALLBACK_ORDER if first is None or p.split("_")[0] != first.split("_")[0])
     return ((first,) if first else ()) + rest
 
 
 HYBRID = "hybrid"
 HYBRID_SUMMARY = ("the dispatcher's choice without a measured table: the first path of the fallback order that "
-                  f"passes its self-check here ({', '.join(FALLBACK_ORDER)})")
+                  f"passes its self-check here ({', '.join(FILE_FALLBACK_ORDER)})")
 
 
 def export_path(name: str, standalone: bool = False) -> ExportPath:
@@ -266,9 +266,11 @@ class _Module:
                         del lines[node.end_lineno + 1]
                     if len(body) == 1:  # the import was the whole block: keep the block valid
                         lines[node.lineno] = " " * node.col_offset + "pass"
-        docs = [n.body[0] for n in _walk(stmt, drop) if isinstance(n, _DEFINITIONS) and _is_docstring(n.body[0])]
-        for doc in docs + [f for f in following if last == f.end_lineno and last > stmt.end_lineno]:
-            _shorten_docstring(lines, doc)  # each docstring cut to its first sentence
+        for node in _walk(stmt, drop):
+            if isinstance(node, _DEFINITIONS) and _is_docstring(node.body[0]):
+                _drop_docstring(lines, node.body[0], alone=len(node.body) == 1)
+        for doc in following if last > stmt.end_lineno else ():
+            _drop_docstring(lines, doc, alone=False)
         return "\n".join(lines[n] for n in sorted(lines)), needed
 
     def _local_package_import(self, node) -> str | None:
@@ -330,8 +332,14 @@ def _is_docstring(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
 
 
-def _shorten_docstring(lines: dict[int, str], doc: ast.Expr) -> None:
-    """Replace the docstring's lines by one: its first sentence, cut to the line (" ..." marks a cut)."""
+def _drop_docstring(lines: dict[int, str], doc: ast.Expr, alone: bool) -> None:
+    """Leave the docstring out (and a blank line right after it); one that is its block's whole body stays, as one
+    line: its first sentence, cut to the line (" ..." marks a cut)."""
+    if not alone:
+        _drop_lines(lines, doc.lineno, doc.end_lineno)
+        if not lines.get(doc.end_lineno + 1, "x").strip():
+            del lines[doc.end_lineno + 1]
+        return
     text = " ".join(doc.value.value.split())
     if doc.lineno == doc.end_lineno or "\\" in text or '"""' in text:
         return  # already one line, or escapes that a rewrite could change
@@ -511,9 +519,9 @@ def _candidate_table(candidates) -> tuple[list, list[str]]:
     """(functions to inline, the lines of the dict literal name -> (unavailable, build)) for `choose_kernel`."""
     objects, lines = [], []
     for name in candidates:
-        path = PATHS[name]
-        unavailable, unavailable_text = _inlined_call(path.unavailable, f"{name}: unavailable")
-        build, build_text = _inlined_call(path.build, f"{name}: build")
+        unavailable, build = IN_A_FILE.get(name) or (PATHS[name].unavailable, PATHS[name].build)
+        unavailable, unavailable_text = _inlined_call(unavailable, f"{name}: unavailable")
+        build, build_text = _inlined_call(build, f"{name}: build")
         objects += [unavailable, build]
         lines.append(f"    {name!r}: ({unavailable_text}, {build_text}),")
     return objects, lines
@@ -562,8 +570,8 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         *[f"#   {line}" for line in textwrap.wrap(spec.summary, 94)],
         f"# Generated by nvfp4lib {nvfp4lib.__version__}: `{command}`",
         *[f"# {line}" for line in textwrap.wrap(
-            f"It needs only {needs}. Below the imports: nvfp4lib's own source, module by module (its docstrings cut "
-            "to their first sentence), then the entry point.", 110)],
+            f"It needs only {needs}. Below the imports: nvfp4lib's own source, module by module (without its "
+            "docstrings: each section names the file that has them), then the entry point.", 110)],
     ]
     if spec.standalone:
         setup = ["NEEDS_CUDA = True  # the local leaderboard skips this file where there is no CUDA GPU",

@@ -2,10 +2,12 @@
 
 Everything here is inlined into the CuTe and hybrid files by `nvfp4lib.leaderboard.export` (the
 exporter itself stays out of them). At import such a file calls `choose_kernel` with its paths in
-order, its own first, then the rest of `paths.FALLBACK_ORDER`, each given by the registry's own
-`unavailable` and `build` functions (inlined from `nvfp4lib.paths`). The choice is
-`fallback.first_working`'s, the function the dispatcher chooses with, so the file and
-`dispatch.custom_kernel` run the same kernel on one machine. It is made once: the file's
+order, its own first, then the rest of `paths.FILE_FALLBACK_ORDER`, each given by the registry's
+`unavailable` and `build` functions (inlined from `nvfp4lib.paths`; `paths.IN_A_FILE` where a file runs
+a path otherwise: cuBLAS alone, never an emulation). The choice is `fallback.first_working`'s, the
+function the dispatcher chooses with, so where a CuTe kernel or cuBLAS's FP4 GEMM runs, the file and
+`dispatch.custom_kernel` run the same one; elsewhere the file runs the exact "exact" path, the
+dispatcher the emulation. It is made once: the file's
 ``KERNEL`` is the chosen kernel itself, and a later call that raises (an input the kernel refuses,
 say) leaves it chosen. When no path passes, ``KERNEL`` raises on every call, saying why."""
 
@@ -15,7 +17,6 @@ from typing import Callable
 
 from nvfp4lib.device import capabilities
 from nvfp4lib.fallback import first_working
-from nvfp4lib.scaled_mm import describe_backend
 
 
 def describe_kernel(name: str, kernel) -> str:
@@ -24,9 +25,8 @@ def describe_kernel(name: str, kernel) -> str:
     if name.startswith("cute_"):
         call = "TVM-FFI call" if getattr(kernel, "tvm_ffi", False) else "plain call path, no apache-tvm-ffi"
         return f"CuTe DSL {name.removeprefix('cute_')!r} kernel for {caps.cute_arch} ({call})"
-    if name == "scaled_mm_permuted":
-        return f"torch._scaled_mm on the permuted scales: {describe_backend('cuda' if caps.cuda else 'cpu')}"
-    return name
+    return {"scaled_mm_permuted": "torch._scaled_mm on the permuted scales (cuBLAS's FP4 GEMM)",
+            "exact": "the exact dequantize-and-matmul, in float64 (slow)"}.get(name, name)
 
 
 class NoPathPassed:
