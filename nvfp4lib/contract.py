@@ -31,6 +31,12 @@ class Shape(NamedTuple):
     k: int
     l: int
 
+    @classmethod
+    def of(cls, a: torch.Tensor) -> Shape:
+        """The problem of a valid ``a`` ([M, K/2, L] FP4 bytes: K is twice its second size)."""
+        m, half_k, l = a.shape
+        return cls(m, 2 * half_k, l)
+
 
 class GemvInput(NamedTuple):
     """The leaderboard's 7-tuple with named fields; still a plain tuple to everything else."""
@@ -50,12 +56,8 @@ SCALE_TILE_ROWS = 128  # one atom of the permuted scales: 128 rows ...
 SCALE_TILE_COLS = 4  # ... x 4 scale columns (64 K elements) ...
 SCALE_ATOM_BYTES = SCALE_TILE_ROWS * SCALE_TILE_COLS  # ... = 512 bytes
 
-DTYPES = {
-    "a": torch.float4_e2m1fn_x2, "b": torch.float4_e2m1fn_x2,
-    "sfa": torch.float8_e4m3fn, "sfb": torch.float8_e4m3fn,
-    "sfa_permuted": torch.float8_e4m3fn, "sfb_permuted": torch.float8_e4m3fn,
-    "c": torch.float16,
-}
+DTYPES = {"a": torch.float4_e2m1fn_x2, "b": torch.float4_e2m1fn_x2, "c": torch.float16,
+          **dict.fromkeys(("sfa", "sfb", "sfa_permuted", "sfb_permuted"), torch.float8_e4m3fn)}
 RANKS = {"a": 3, "b": 3, "sfa": 3, "sfb": 3, "sfa_permuted": 6, "sfb_permuted": 6, "c": 3}
 # Bytes the kernels' widest loads need: 128-bit loads of codes and permuted scales, 32-bit of plain scales.
 ALIGNMENT = {"a": 16, "b": 16, "sfa": 4, "sfb": 4, "sfa_permuted": 16, "sfb_permuted": 16, "c": 2}
@@ -133,8 +135,7 @@ def shape_of(data) -> Shape:
     a = first_tensor(data)
     if a.dim() != 3 or 0 in a.shape:
         validate_gemv_input(data)  # names the rank or the zero size
-    m, half_k, l = a.shape
-    return Shape(m, 2 * half_k, l)
+    return Shape.of(a)
 
 
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCALE_TILE_ROWS,
@@ -200,27 +201,17 @@ def _validate_tensors(t: dict, whole: str, device, need_m_multiple: int | None, 
         raise NVFP4InputError(f"a: expected M a multiple of {need_m_multiple}, got M = {m}")
     k_blocks = k // BLOCK_SIZE
     rest_m, rest_k = scale_tile_counts(m, k_blocks)
-    shapes = {
-        "a": (m, half_k, l), "b": (B_ROWS, half_k, l),
-        "sfa": (m, k_blocks, l), "sfb": (B_ROWS, k_blocks, l),
-        "sfa_permuted": (32, 4, rest_m, 4, rest_k, l), "sfb_permuted": (32, 4, 1, 4, rest_k, l),
-        "c": (m, 1, l),
-    }
-    strides = {
-        "a": plain_strides(m, half_k, l), "b": plain_strides(B_ROWS, half_k, l),
-        "sfa": plain_strides(m, k_blocks, l), "sfb": plain_strides(B_ROWS, k_blocks, l),
-        "sfa_permuted": permuted_strides(rest_m, rest_k, l), "sfb_permuted": permuted_strides(1, rest_k, l),
-        "c": plain_strides(m, 1, l),
-    }
+    shapes = {"a": (m, half_k, l), "b": (B_ROWS, half_k, l), "sfa": (m, k_blocks, l), "sfb": (B_ROWS, k_blocks, l),
+              "sfa_permuted": (32, 4, rest_m, 4, rest_k, l), "sfb_permuted": (32, 4, 1, 4, rest_k, l), "c": (m, 1, l)}
+    strides = {name: plain_strides(*shape) if len(shape) == 3 else permuted_strides(*shape[2:5:2], l)
+               for name, shape in shapes.items()}
     for name, x in t.items():
         if tuple(x.shape) != shapes[name]:
             raise NVFP4InputError(f"{name}: expected shape {shapes[name]}, got {tuple(x.shape)}")
-        if not check_storage:
-            continue
-        if not strides_match(x, strides[name]):
+        if check_storage and not strides_match(x, strides[name]):
             raise NVFP4InputError(
                 f"{name}: expected strides {strides[name]} (the documented storage), got {x.stride()}")
-        if x.data_ptr() % ALIGNMENT[name]:
+        if check_storage and x.data_ptr() % ALIGNMENT[name]:
             raise NVFP4InputError(f"{name}: expected a data pointer aligned to {ALIGNMENT[name]} bytes, "
                                   f"got address % {ALIGNMENT[name]} = {x.data_ptr() % ALIGNMENT[name]}")
 

@@ -38,10 +38,14 @@ class Capabilities:
                 f"hardware E2M1: {'yes' if self.hw_e2m1 else 'no'}; {dsl}")
 
 
-def _probe_fp4_gemm() -> str | None:
-    """Run one tiny FP4 torch._scaled_mm; None if it works, else the exception it raised. cuBLAS refuses it below
-    sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too, and the message is kept so that whoever
-    skips or falls back can say why."""
+def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
+    """Why this machine has no FP4 GEMM (None: it has one). Where it could, one tiny FP4 torch._scaled_mm is run:
+    cuBLAS refuses it below sm_100; on sm_100 a PyTorch build without FP4 cuBLAS fails here too, and the exception
+    is kept so that whoever skips or falls back can say why."""
+    if not cuda:
+        return "no CUDA GPU"
+    if sm[0] < 10:
+        return f"sm_{sm[0]}{sm[1]}: FP4 GEMM needs sm_100 or newer"
     try:
         a = torch.zeros(128, 32, dtype=torch.uint8, device="cuda").view(torch.float4_e2m1fn_x2)  # A, and B as a.t()
         scale = torch.ones(128 * 4, device="cuda").to(torch.float8_e4m3fn)  # one 128x4 tile (K = 64)
@@ -50,15 +54,6 @@ def _probe_fp4_gemm() -> str | None:
         return None
     except Exception as err:  # noqa: BLE001 - any failure means "not usable here"; the reason is kept
         return f"the FP4 torch._scaled_mm probe raised {describe_error(err, 400)}"
-
-
-def _fp4_gemm_reason(cuda: bool, sm: tuple[int, int] | None) -> str | None:
-    """Why this machine has no FP4 GEMM (None: it has one); probes only where it could."""
-    if not cuda:
-        return "no CUDA GPU"
-    if sm[0] < 10:
-        return f"sm_{sm[0]}{sm[1]}: FP4 GEMM needs sm_100 or newer"
-    return _probe_fp4_gemm()
 
 
 MIN_CUTE_DSL = (4, 3, 4)
@@ -133,21 +128,34 @@ def capabilities() -> Capabilities:
 
 
 NO_CUDA = "needs a CUDA GPU"
-NEEDS = {
-    "cuda": lambda caps: None if caps.cuda else NO_CUDA,
-    "cute_dsl": lambda caps: None if caps.cute_dsl else (f"needs the CuTe DSL (nvidia-cutlass-dsl "
-                                                         f"{'.'.join(map(str, MIN_CUTE_DSL))} or newer): "
-                                                         "pip install -e '.[cute]'"),
-    "fp4_gemm": lambda caps: None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
-                                                         f"this machine: {caps.summary()}"),
-}
-"""What a piece of code can need of a machine -> why `Capabilities` say it is missing (None: present)."""
+
+
+def lacks_cuda(caps: Capabilities) -> str | None:
+    """Why there is no GPU to run on (None: there is)."""
+    return None if caps.cuda else NO_CUDA
+
+
+def lacks_cute_dsl(caps: Capabilities) -> str | None:
+    """Why the CuTe kernels cannot be built here (None: they can): no CuTe DSL, or one older than MIN_CUTE_DSL."""
+    return None if caps.cute_dsl else (f"needs the CuTe DSL (nvidia-cutlass-dsl {'.'.join(map(str, MIN_CUTE_DSL))} "
+                                       "or newer): pip install -e '.[cute]'")
+
+
+def lacks_fp4_gemm(caps: Capabilities) -> str | None:
+    """Why cuBLAS's FP4 GEMM cannot run here (None: it can), with the probe's reason and the machine."""
+    return None if caps.fp4_gemm else (f"needs Blackwell FP4 GEMM ({caps.fp4_gemm_reason}); "
+                                       f"this machine: {caps.summary()}")
+
+
+NEEDS = {"cuda": lacks_cuda, "cute_dsl": lacks_cute_dsl, "fp4_gemm": lacks_fp4_gemm}
+"""What a piece of code can need of a machine -> why `Capabilities` say it is missing (None: present): `missing`
+asks them; a path asks its one need's function (an exported file then carries no other)."""
 
 
 def missing(caps: Capabilities, *needs: str) -> str | None:
     """Why a machine with `caps` cannot run what needs all of `needs` (keys of NEEDS): the reason of
-    the first one missing, or None. The one answer to "why can't this run here": the paths, the
-    peers, the streaming reads and the test markers all ask it."""
+    the first one missing, or None. The one answer to "why can't this run here": the peers, the
+    streaming reads and the test markers ask it, the paths the one need's function of NEEDS."""
     for need in needs:
         if need not in NEEDS:
             raise ValueError(f"need: expected one of {tuple(NEEDS)}, got {need!r}")

@@ -45,7 +45,7 @@ import torch
 from nvfp4lib.caches import validated_once
 from nvfp4lib.contract import first_tensor, shape_of
 from nvfp4lib.device import Capabilities, capabilities
-from nvfp4lib.fallback import first_working
+from nvfp4lib.fallback import PassedOver, first_working, judged
 from nvfp4lib.layouts import check_scale_copies
 from nvfp4lib.locations import DISPATCH_TABLE
 from nvfp4lib.paths import FALLBACK_ORDER, PATHS, check_name, cute_unavailable, fallback_paths
@@ -271,7 +271,20 @@ class Dispatcher:
         after = decision.path if decision.path in FALLBACK_ORDER else None
         candidates = [decision.path] + [p for p in fallback_paths(caps, on_cuda, after=after) if p != decision.path]
         checked = self._checked.setdefault(str(device), {})
-        choice = first_working(candidates, self.build, device, checked=checked, k=k,
+
+        def judge(name: str, build, where) -> tuple:
+            """`fallback.judged` once per path and device, then whether the kernel takes this K (the CuTe
+            kernels' `refusal`: a path of this machine, not of this K)."""
+            if name not in checked:
+                checked[name] = judged(name, build, where)[1]
+            if checked[name] is not None:
+                return None, checked[name]
+            kernel = build(name)  # built once per dispatcher
+            refused = kernel.refusal(k) if hasattr(kernel, "refusal") else None
+            return (kernel, None) if refused is None else (None, PassedOver(name, "cannot run", refused))
+
+        recalled = tuple(verdict for verdict in checked.values() if verdict is not None)
+        choice = first_working(candidates, self.build, device, judge=judge, recalled=recalled,
                                unavailable=lambda name: PATHS[name].unavailable(caps, on_cuda))
         why = "; ".join(str(item) for item in choice.passed_over)
         if choice.name is None:

@@ -131,60 +131,40 @@ class Choice(NamedTuple):
     passed_over: tuple[PassedOver, ...]
 
 
-def _where(device) -> str:
-    device = torch.device(device)
-    caps = capabilities()
-    if device.type == "cuda" and caps.sm:
-        return f"{caps.name} (sm_{caps.sm[0]}{caps.sm[1]})"
-    return str(device)
+def judged(name: str, build: Callable[[str], Callable], device) -> tuple[Callable | None, PassedOver | None]:
+    """(its kernel, None) where path `name` builds (``build(name)``) and passes `self_check` on `device`; else
+    (None, why not)."""
+    try:
+        kernel = build(name)
+    except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
+        return None, PassedOver(name, "build", describe_error(err, 400))
+    try:
+        problem = self_check(kernel, device)
+    except Exception as err:  # noqa: BLE001 - a kernel that raises on a valid input fails its check
+        problem = describe_error(err, 400)
+    return (kernel, None) if problem is None else (None, PassedOver(name, "self-check", problem))
 
 
 def first_working(candidates, build: Callable[[str], Callable], device, *,
-                  unavailable: Callable[[str], str | None] | None = None, checked: dict | None = None,
-                  k: int | None = None) -> Choice:
-    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)`` is None), builds
-    (``build(name)``) and passes `self_check` on `device`. ``checked`` (name -> None or why it failed) remembers the
-    verdicts between calls: a path found failing is passed over again without being built, one found working is not
-    checked again. With ``k`` (the choice is for that K), a path whose kernel refuses it (``kernel.refusal(k)``, the
-    CuTe kernels' at a K they cannot hold) cannot run here. Logs what it passed over and what it chose (see the
+                  unavailable: Callable[[str], str | None] | None = None, judge=judged, recalled=()) -> Choice:
+    """The first of `candidates` (path names, best first) that can run here (``unavailable(name)`` is None) and
+    that ``judge(name, build, device)`` passes (`judged`: builds and passes `self_check`; the dispatcher's also
+    remembers verdicts between calls and asks the kernel whether it takes the shape's K). Logs what it passed
+    over, but for the failures of `recalled` (found, and logged, by an earlier call), and what it chose (see the
     module's docstring)."""
-    passed: list[PassedOver] = []
-    recalled: set[str] = set()  # failures found by an earlier call: logged then
-    chosen, kernel = None, None
+    passed, chosen, kernel = [], None, None
     for name in candidates:
         why = unavailable(name) if unavailable is not None else None
-        if why is not None:
-            passed.append(PassedOver(name, "cannot run", why))
-            continue
-        known = checked is not None and name in checked
-        if known and checked[name] is not None:
-            passed.append(checked[name])
-            recalled.add(name)
-            continue
-        try:
-            kernel = build(name)
-        except Exception as err:  # noqa: BLE001 - whatever it is, this path is not usable here
-            verdict = PassedOver(name, "build", describe_error(err, 400))
-        else:
-            try:
-                problem = None if known else self_check(kernel, device)
-            except Exception as err:  # noqa: BLE001 - a kernel that raises on a valid input fails its check
-                problem = describe_error(err, 400)
-            verdict = None if problem is None else PassedOver(name, "self-check", problem)
-        if checked is not None:
-            checked[name] = verdict
-        refused = kernel.refusal(k) if verdict is None and k is not None and hasattr(kernel, "refusal") else None
-        if refused is not None:  # a path of this machine, not of this K (not remembered in `checked`)
-            verdict = PassedOver(name, "cannot run", refused)
+        kernel, verdict = (None, PassedOver(name, "cannot run", why)) if why is not None else judge(name, build, device)
         if verdict is None:
             chosen = name
             break
         passed.append(verdict)
-        kernel = None
     instead = f"using {chosen}" if chosen else "no path is left"
-    for item in passed:
-        if item.name not in recalled:
-            LOGGER.log(logging.INFO if item.stage == "cannot run" else logging.WARNING, "%s; %s", item, instead)
+    for item in [item for item in passed if item not in recalled]:
+        LOGGER.log(logging.INFO if item.stage == "cannot run" else logging.WARNING, "%s; %s", item, instead)
     if chosen is not None:
-        LOGGER.info("self-check ok: %s on %s", chosen, _where(device))
+        caps, device = capabilities(), torch.device(device)
+        where = f"{caps.name} (sm_{caps.sm[0]}{caps.sm[1]})" if device.type == "cuda" and caps.sm else device
+        LOGGER.info("self-check ok: %s on %s", chosen, where)
     return Choice(chosen, kernel, tuple(passed))

@@ -104,6 +104,12 @@ def _check_permuted_storage(sfp: torch.Tensor) -> None:
 def permuted_as_blocked_batches(sfp: torch.Tensor) -> torch.Tensor:
     """[32, 4, rest_mn, 4, rest_k, L] -> [L, n] where row l is batch l's blocked buffer; no copy."""
     _check_permuted_storage(sfp)
+    return blocked_batches_view(sfp)
+
+
+def blocked_batches_view(sfp: torch.Tensor) -> torch.Tensor:
+    """`permuted_as_blocked_batches` of scales whose storage is known to be right (a 7-tuple
+    `validate_gemv_input` passed): the view alone."""
     # .view (not .reshape) raises instead of copying if the storage were not as checked.
     return sfp.permute(5, 2, 4, 0, 1, 3).view(sfp.shape[5], -1)
 

@@ -16,8 +16,6 @@ def first_line(text, limit: int | None = None) -> str:
 def describe_error(err: BaseException, limit: int | None = None) -> str:
     """The exception as "Type: message" (just "Type" without one); with `limit`, the message's
     first line only and at most `limit` characters in all (see `first_line`)."""
-    text = str(err).strip()
-    if limit is not None:
-        text = first_line(text)
+    text = str(err).strip() if limit is None else first_line(err)
     described = f"{type(err).__name__}: {text}" if text else type(err).__name__
     return described if limit is None else first_line(described, limit)

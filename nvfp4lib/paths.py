@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from nvfp4lib.contract import first_tensor
-from nvfp4lib.device import Capabilities, missing
+from nvfp4lib.device import Capabilities, lacks_cute_dsl, lacks_fp4_gemm
 from nvfp4lib.fallback import exact_gemv
 from nvfp4lib.graphs import GraphedGemv
 from nvfp4lib.reference import reference_gemv
@@ -38,7 +38,7 @@ def cute_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:
     """Why the CuTe kernels cannot run on these inputs here (None: they can)."""
     if not on_cuda or not caps.cuda:
         return "the CuTe kernel needs the inputs on a CUDA GPU"
-    return missing(caps, "cute_dsl")
+    return lacks_cute_dsl(caps)
 
 
 def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
@@ -50,7 +50,7 @@ def needs_fp4_gemm(caps: Capabilities, on_cuda: bool) -> str | None:
     """Why torch._scaled_mm cannot run on cuBLAS here (None: it can): it needs its FP4 GEMM, inputs on the GPU."""
     if not on_cuda:
         return "cuBLAS's FP4 GEMM needs the inputs on a CUDA GPU"
-    return missing(caps, "fp4_gemm")
+    return lacks_fp4_gemm(caps)
 
 
 def functional_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:

@@ -29,7 +29,7 @@ from nvfp4lib.contract import (BLOCK_SIZE, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SC
                                require_tensor, scale_tile_counts, validate_gemv_input)
 from nvfp4lib.device import capabilities
 from nvfp4lib.formats import byte_values, decode_e4m3, fp4_bytes
-from nvfp4lib.layouts import from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
+from nvfp4lib.layouts import blocked_batches_view, from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
 from nvfp4lib.streams import shared_pool
 
 HARDWARE_BACKEND = "cublas-fp4"
@@ -189,8 +189,7 @@ def _checked_blocked_views(data):
             validate_gemv_input(data)
         except NVFP4InputError as e:
             raise NVFP4InputError(f"scaled_mm GEMV input: {e}") from None
-    _, _, _, _, sfa_permuted, sfb_permuted, _ = data
-    return permuted_as_blocked_batches(sfa_permuted), permuted_as_blocked_batches(sfb_permuted)
+    return blocked_batches_view(data[4]), blocked_batches_view(data[5])  # sfa_permuted, sfb_permuted
 
 
 CACHE_ENTRIES = 16  # sets of tensors remembered: a stream pool hands one per batch (L up to 8 here) in turn

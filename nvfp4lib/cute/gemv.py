@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.caches import TupleCache, is_validated_once
-from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, shape_of, validate_gemv_input
+from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, Shape, validate_gemv_input
 from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
 from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel,
                                   permuted_scale_views, plain_scale_views, require_dsl, resolve_decode)
@@ -205,9 +205,8 @@ def kernel_arguments(data, permuted_scales: bool, tvm_ffi: bool) -> tuple:
     """The arguments of a compiled kernel before the stream, from a 7-tuple: the addresses of a, b, the scales the
     kernel reads and c; K/2, M, L. Plain integers through TVM-FFI; the DSL's own Int64/Int32 values through its
     plain call path (a Python int would become an Int32)."""
-    a, b, sfa, sfb, sfa_permuted, sfb_permuted, c = data
-    if permuted_scales:
-        sfa, sfb = sfa_permuted, sfb_permuted
+    a, b, *scales, c = data  # the scales: sfa, sfb, sfa_permuted, sfb_permuted
+    sfa, sfb = scales[2:] if permuted_scales else scales[:2]
     pointers, (m, kh, l) = (a.data_ptr(), b.data_ptr(), sfa.data_ptr(), sfb.data_ptr(), c.data_ptr()), a.shape
     if tvm_ffi:
         return (*pointers, kh, m, l)
@@ -223,7 +222,7 @@ class CuteLaunch:
 
     def __init__(self, config, compile_at=()):
         self.arch, self.tvm_ffi = cute_arch(), tvm_ffi_problem() is None  # arch None: no GPU, nothing compiled now
-        self._rule = config if callable(config) else lambda k: config
+        self.config_for = config if callable(config) else lambda k: config  # K -> the config a call with it runs
         self._by_k: dict[int, tuple] = {}  # K -> (config, compiled kernel)
         if self.arch and not self.tvm_ffi:  # the plain call path takes the stream as the driver's CUstream
             from cuda.bindings.driver import CUstream
@@ -232,10 +231,6 @@ class CuteLaunch:
             config.compiled(self.arch, None, self.tvm_ffi)
         for k in compile_at if self.arch else ():
             self.kernel_for(k)
-
-    def config_for(self, k: int):
-        """The config a call with this K runs."""
-        return self._rule(k)
 
     def refusal(self, k: int) -> str | None:
         """Why this K cannot run here (the config's refusal, naming the argument), or None."""
@@ -252,15 +247,18 @@ class CuteLaunch:
             known = self._by_k[k] = (cfg, cfg.compiled(self.arch, k, self.tvm_ffi))
         return known
 
-    def launch(self, fn, args, device: int, stream: torch.cuda.Stream | None) -> None:
-        """``fn(*args, stream)`` on ``stream`` or the device's current one, as this call path takes a stream."""
-        handle = torch._C._cuda_getCurrentRawStream(device) if stream is None else stream.cuda_stream  # a C call
-        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
-
-    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+    def prepare(self, data):
+        """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
+        nothing and checking nothing (`CuteRunner.prepare` validates)."""
         a, c = data[0], data[6]
         cfg, fn = self.kernel_for(2 * a.shape[1])
-        self.launch(fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, stream)
+        return fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, c
+
+    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
+        """The kernel on ``stream`` or the device's current one, as this call path takes a stream; returns c."""
+        fn, args, device, c = self.prepare(data)
+        handle = torch._C._cuda_getCurrentRawStream(device) if stream is None else stream.cuda_stream  # a C call
+        fn(*args, handle if self.tvm_ffi else self._cu_stream(handle))
         return c
 
 
@@ -269,10 +267,10 @@ class CuteRunner(CuteLaunch):
     and its kernel and arguments are remembered with it in a `TupleCache`. Per call the host builds the cache's
     key (7 attribute reads of each tensor: id, address, shape, strides, dtype, device, requires_grad; and
     whether inference mode is on), looks it up in a dict and calls the compiled kernel once: a few microseconds
-    of host time, no device work."""
+    of host time, no device work. Built by the paths once their `cute_unavailable` found the CuTe DSL usable
+    (`CuteGemv` checks it itself)."""
 
     def __init__(self, config, compile_at=(), cache_entries: int = 4):
-        require_dsl()
         super().__init__(config, compile_at)
         if self.arch and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
@@ -280,25 +278,20 @@ class CuteRunner(CuteLaunch):
         self._prepared = TupleCache(cache_entries)
 
     def prepare(self, data):
-        """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
-        nothing. The input is validated, and the kernel of a new K compiled, once per tuple (``TupleCache``);
-        call it first to keep both out of what is timed or profiled."""
+        """`CuteLaunch.prepare` with the input validated, and the kernel of a new K compiled, once per tuple
+        (``TupleCache``; c is data's own: the cache keys on every tensor); call it first to keep both out of what
+        is timed or profiled."""
         return self._prepared.get(data, self._arguments)
 
     def _arguments(self, data):
-        shape = shape_of(data) if is_validated_once() else validate_gemv_input(data, device="cuda")
+        shape = Shape.of(data[0]) if is_validated_once() else validate_gemv_input(data, device="cuda")
         check_launch_bounds(shape)
-        cfg, fn = self.kernel_for(shape.k)
+        self.kernel_for(shape.k)  # a K the config cannot run is refused here, naming it; a new K is compiled
         c = data[6]
         if c.device.index != torch.cuda.current_device():
             raise NVFP4InputError(f"c: expected a tensor on the current device cuda:{torch.cuda.current_device()}, "
                                   f"got {c.device} (call under torch.cuda.device({c.device.index}))")
-        return fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, c
-
-    def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
-        fn, args, device, c = self.prepare(data)  # c is data's own: the cache keys on every tensor
-        self.launch(fn, args, device, stream)
-        return c
+        return super().prepare(data)
 
 
 class CuteGemv(CuteRunner):
@@ -306,6 +299,7 @@ class CuteGemv(CuteRunner):
     the kernels of `PER_K_DEFAULTS` compiled now; "naive" the naive kernel."""
 
     def __init__(self, variant: str = "fast", cfg=None, cache_entries: int = 4):
+        require_dsl()
         self.variant, self.cfg = variant, cfg
         config = kernel_config(variant, cfg)
         super().__init__(config, tuple(PER_K_DEFAULTS) if config is default_config else (), cache_entries)

@@ -21,8 +21,7 @@ import re
 
 from nvfp4lib.device import cute_dsl_version_problem, installed_cute_dsl_version
 
-# An exported file runs this block among its imports, above every inlined function: it may use builtins only.
-try:
+try:  # an exported file runs this block among its imports, above every inlined function: builtins only
     import cutlass
     import cutlass.cute as cute
     from cutlass import Float16, Float32, Int16, Int32, Int64, Uint32

@@ -580,9 +580,10 @@ def export_source(path: str, *, streams: int | None = None, fail: tuple[str, ...
         call = "KERNEL(data)"
     elif spec.candidates:
         options = f", fail={tuple(fail)!r}" if fail else ""
-        setup = ["# Chosen once, now: the first of these paths (name: its availability check and builder, as in",
-                 "# nvfp4lib.paths) that can run here and passes its self-check. Logged with `logging`: a path that",
-                 "# cannot run here at INFO, a failing one as a WARNING. BACKEND says what runs.",
+        setup = ["# Chosen once, now (BACKEND says what runs): the first of these paths (name: availability check, "
+                 "builder, as in",
+                 "# nvfp4lib.paths) that runs here and passes its self-check. Logged: cannot run at INFO, a failure as "
+                 "a WARNING.",
                  f"KERNEL, BACKEND = {spec.entry.__name__}({{", *table_lines, f"}}{options})"]
         call = "KERNEL(data)"
     else:

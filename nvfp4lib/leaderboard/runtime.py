@@ -21,22 +21,11 @@ from nvfp4lib.fallback import first_working
 
 def describe_kernel(name: str, kernel) -> str:
     """What a chosen path runs here, in words (an exported file's ``BACKEND``)."""
-    caps = capabilities()
     if name.startswith("cute_"):
-        call = "TVM-FFI call" if getattr(kernel, "tvm_ffi", False) else "plain call path, no apache-tvm-ffi"
-        return f"CuTe DSL {name.removeprefix('cute_')!r} kernel for {caps.cute_arch} ({call})"
+        call = "TVM-FFI call" if kernel.tvm_ffi else "plain call path, no apache-tvm-ffi"
+        return f"CuTe DSL {name.removeprefix('cute_')!r} kernel for {kernel.arch} ({call})"
     return {"scaled_mm_permuted": "torch._scaled_mm on the permuted scales (cuBLAS's FP4 GEMM)",
             "exact": "the exact dequantize-and-matmul, in float64 (slow)"}.get(name, name)
-
-
-class NoPathPassed:
-    """``KERNEL`` of a file none of whose paths passed at import: every call raises, saying why."""
-
-    def __init__(self, passed_over):
-        self.reasons = "; ".join(str(item) for item in passed_over)
-
-    def __call__(self, data):
-        raise RuntimeError(f"no GEMV path passed its self-check on this machine: {self.reasons}")
 
 
 NO_PATH = "no path passed its self-check"
@@ -49,15 +38,16 @@ def choose_kernel(paths: dict, fail=()) -> tuple[Callable, str]:
     caps = capabilities()
     device = "cuda" if caps.cuda else "cpu"
 
-    def unavailable(name: str) -> str | None:
-        return paths[name][0](caps, caps.cuda)
-
     def build(name: str) -> Callable:
         if name in fail:
             raise RuntimeError("made to fail on purpose (exported with --fail-path)")
         return paths[name][1]()
 
-    choice = first_working(list(paths), build, device, unavailable=unavailable)
-    if choice.name is None:
-        return NoPathPassed(choice.passed_over), NO_PATH
+    choice = first_working(list(paths), build, device, unavailable=lambda name: paths[name][0](caps, caps.cuda))
+    if choice.name is None:  # every call raises, saying why
+        reasons = "; ".join(str(item) for item in choice.passed_over)
+
+        def no_path(data):
+            raise RuntimeError(f"no GEMV path passed its self-check on this machine: {reasons}")
+        return no_path, NO_PATH
     return choice.kernel, describe_kernel(choice.name, choice.kernel)
