@@ -29,7 +29,7 @@ from nvfp4lib.contract import (BLOCK_SIZE, SCALE_ATOM_BYTES, SCALE_TILE_COLS, SC
                                require_tensor, scale_tile_counts, validate_gemv_input)
 from nvfp4lib.device import capabilities
 from nvfp4lib.formats import byte_values, decode_e4m3, fp4_bytes
-from nvfp4lib.layouts import blocked_batches_view, from_blocked, permuted_as_blocked_batches, to_blocked, to_permuted
+from nvfp4lib.layouts import blocked_batches_view, from_blocked, to_blocked, to_permuted
 from nvfp4lib.streams import shared_pool
 
 HARDWARE_BACKEND = "cublas-fp4"
@@ -245,7 +245,7 @@ def gemv_cublas_permuted(data) -> torch.Tensor:
 
 def convert_scales_batched(sf: torch.Tensor) -> torch.Tensor:
     """Plain [MN, K/16, L] -> [L, n] blocked buffers of all batches, in one conversion."""
-    return permuted_as_blocked_batches(to_permuted(sf))
+    return blocked_batches_view(to_permuted(sf))  # storage as to_permuted makes it: nothing to check again
 
 
 def blocked_scales(sfa: torch.Tensor, sfb: torch.Tensor, *,
