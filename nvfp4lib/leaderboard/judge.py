@@ -102,14 +102,17 @@ def judge(called: Called, data, shape: Shape, case: str, earlier=()):
     return CaseResult(shape, case, False, f"{why}\n{result.message}"), copy
 
 
+def floor_us(shape: Shape, copy_gbps: float) -> float:
+    """The time no device goes under: the bytes a call must move at the copy bandwidth measured here."""
+    return bytes_moved(shape) / copy_gbps / 1e3
+
+
 def too_fast(samples_us, shape: Shape, copy_gbps: float, name=lambda i: f"timed call {i}") -> str | None:
-    """The first time below the floor no device goes under (None if none is): the bytes the call
-    must move at the copy bandwidth measured here. `name(i)` names the i-th call (from 1)."""
-    nbytes = bytes_moved(shape)
-    floor_us = nbytes / copy_gbps / 1e3
+    """The first time below the floor (`floor_us`; None if none is). `name(i)` names the i-th call (from 1)."""
+    nbytes, floor = bytes_moved(shape), floor_us(shape, copy_gbps)
     for i, us in enumerate(samples_us, 1):
-        if us < floor_us:
-            return (f"{name(i)}: {us:.3g} us, below the floor of {floor_us:.3g} us (the {nbytes} bytes it must "
+        if us < floor:
+            return (f"{name(i)}: {us:.3g} us, below the floor of {floor:.3g} us (the {nbytes} bytes it must "
                     f"move at the {copy_gbps:.0f} GB/s copy bandwidth measured here): no device moves them that "
                     f"fast, so the time was not measured honestly")
     return None

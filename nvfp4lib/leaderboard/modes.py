@@ -33,7 +33,7 @@ import torch
 from nvfp4lib.bench.timing import (StoppingRule, copy_bandwidth_gbps, gbps, leaderboard_time, percent, summarize)
 from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
-from nvfp4lib.leaderboard.judge import judge, timed_problem, too_fast
+from nvfp4lib.leaderboard.judge import floor_us, judge, timed_problem, too_fast
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
                                           signal_name, signals_as_failures)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
@@ -119,10 +119,10 @@ def is_b200() -> bool:
     return caps.cuda and "B200" in caps.name
 
 
-def _timed_in_process(process: SubmissionProcess, rule: StoppingRule, c_shape) -> Timed:
+def _timed_in_process(process: SubmissionProcess, rule: StoppingRule, shape: Shape, copy_gbps: float) -> Timed:
     """Benchmark mode's timed calls, made and timed in the submission's process -> its answer."""
     try:
-        return process.time(rule, c_shape)
+        return process.time(rule, (shape[0], 1, shape[2]), floor_us(shape, copy_gbps))
     except SubmissionProcessEnded as err:
         return Timed(error=str(err))
 
@@ -191,7 +191,7 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
         data = generate_input(*shapes[0], seed=data_seed(seed_of_benchmark(seed, 0), secret_seed), mode="leaderboard",
                               device=device)
         warm, _ = run_case(process, data, shapes[0], "warm-up benchmark")
-        timed = _timed_in_process(process, warmup_rule, data.c.shape) if warm.ok else None
+        timed = _timed_in_process(process, warmup_rule, shapes[0], copy_gbps) if warm.ok else None
         problem = warm.message if timed is None else timed_problem(timed, shapes[0], copy_gbps)
         if problem:
             checks.append(CaseResult(shapes[0], "warm-up benchmark", False, problem))
@@ -207,7 +207,7 @@ def run_benchmarks(process: SubmissionProcess, shapes, device, copy_gbps: float,
             timing, failure, checked = _ranked_calls(process, shape, shape_seed, device, rule, output, copy_gbps)
             result = failure or result
         elif result.ok:
-            timed = _timed_in_process(process, rule, data.c.shape)
+            timed = _timed_in_process(process, rule, shape, copy_gbps)
             problem = timed_problem(timed, shape, copy_gbps)
             if problem:
                 result = CaseResult(shape, TIMED_CASES[mode], False, problem)
