@@ -94,6 +94,23 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
         assert float(best["leaderboard_us"]) < float(fast["leaderboard_us"])
 
 
+def test_a_resident_block_count_caps_the_registers_and_leaves_the_default_as_it_was(monkeypatch):
+    """``-mN`` (`cute_bench.WholeKMinBlocks`): the launch's ``.minnctapersm N``, so ptxas fits N blocks per SM (its
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``); the default kernel carries no such directive. A
+    CPU compile asks the driver for the SM's shared memory where N > 1: given the H200's here."""
+    from nvfp4lib.cute.gemv import compile_cubin, compile_ptx
+    helpers = pytest.importorskip("cutlass.cutlass_dsl.cutlass").cuda_helpers
+    monkeypatch.setattr(helpers, "get_device_attribute", lambda attribute: 233472)
+    capped = cute_bench.parse_config("w1x4x1-m32")
+    assert cute_bench.kernel_name("fast", capped) == "cute_wholek[chunks_per_thread=1,min_blocks_per_sm=32]"
+    assert ".minnctapersm 32" in compile_ptx("fast", "sm_90a", capped, 2048)
+    assert ptx_reading.cubin_resources(compile_cubin("fast", "sm_90a", capped, 2048))["registers"] <= 65536 // (32 * 64)
+    assert "minnctapersm" not in compile_ptx("fast", "sm_90a", WholeKConfig(chunks_per_thread=1), 2048)
+    for bad, why in [("w1x4x1-m0", "min_blocks_per_sm: expected 1 to 32"), ("w1x4x1-loads-m8", "-mN is not combined")]:
+        with pytest.raises((ValueError, SystemExit), match=why):
+            cute_bench.parse_config(bad)
+
+
 # ------------------------------------------------------------------------------------ exactness
 
 

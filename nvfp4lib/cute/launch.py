@@ -21,9 +21,8 @@ def _gmem_tensor(dtype, address, shape, stride, align: int):
 
 def plain_scale_views(sfa_ptr, sfb_ptr, m, kb, l):
     """CuTe views of the plain scales, sfa [M, K/16, L] and sfb [128, K/16, L], from their addresses."""
-    u8 = cutlass.Uint8
-    return (_gmem_tensor(u8, sfa_ptr, (m, kb, l), plain_strides(m, kb, l), 4),
-            _gmem_tensor(u8, sfb_ptr, (B_ROWS, kb, l), plain_strides(B_ROWS, kb, l), 4))
+    return (_gmem_tensor(cutlass.Uint8, sfa_ptr, (m, kb, l), plain_strides(m, kb, l), 4),
+            _gmem_tensor(cutlass.Uint8, sfb_ptr, (B_ROWS, kb, l), plain_strides(B_ROWS, kb, l), 4))
 
 
 def permuted_scale_views(sfa_ptr, sfb_ptr, m, kb, l):
@@ -38,9 +37,8 @@ def leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, scale_v
     """CuTe views of the five tensors from their addresses, K/2, M and L; the scales' by ``scale_views``
     (`plain_scale_views` or `permuted_scale_views`). The call passes plain integers only (TVM-FFI converts those
     far faster than tensors). The strides are the documented ones, which the caller validated once per input."""
-    u8 = cutlass.Uint8
-    a = _gmem_tensor(u8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
-    b = _gmem_tensor(u8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
+    a = _gmem_tensor(cutlass.Uint8, a_ptr, (m, kh, l), plain_strides(m, kh, l), 16)
+    b = _gmem_tensor(cutlass.Uint8, b_ptr, (B_ROWS, kh, l), plain_strides(B_ROWS, kh, l), 16)
     c = _gmem_tensor(Float16, c_ptr, (m, 1, l), (1, m, m), 2)  # [M, 1, L] of an (L, M, 1) buffer
     sfa, sfb = scale_views(sfa_ptr, sfb_ptr, m, kh // 8, l)  # K/16 scale bytes per row
     return a, b, sfa, sfb, c
@@ -90,15 +88,18 @@ def compile_launch(launch, example_args, arch: str | None = None, options: str =
 
 
 def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | None, options: str = "",
-                        tvm_ffi: bool | None = None, example_kh: int = 1):
+                        tvm_ffi: bool | None = None, example_kh: int = 1, min_blocks: int = 0):
     """`compile_launch` of the launch every GEMV kernel has: ``kernel(a, b, sfa, sfb, c)`` on the
     `leaderboard_tensors` of (5 addresses, K/2, M, L) with ``scale_views``, ``threads`` per block, ``grid(m, l)``
-    blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream."""
+    blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream. ``min_blocks``
+    > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas caps the registers to fit; its
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``)."""
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
         a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, scale_views)
-        kernel(a, b, sfa, sfb, c).launch(grid=grid(m, l), block=[threads, 1, 1], stream=stream)
+        kernel(a, b, sfa, sfb, c).launch(grid=grid(m, l), block=[threads, 1, 1], stream=stream,
+                                         min_blocks_per_mp=min_blocks)
 
     return compile_launch(launch, [Int64(0)] * 5 + [Int32(example_kh)] + [Int32(1)] * 2, arch, options, tvm_ffi)
 

@@ -51,7 +51,8 @@ class WholeKConfig:
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
-    compute = True  # ... and computes (a benchmark's loads-only form does not)
+    compute = True  # ... and computes (a benchmark's loads-only form does not) ...
+    min_blocks_per_sm = 0  # ... and leaves its registers to ptxas (a benchmark's form asks for more resident blocks)
     DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
@@ -87,7 +88,7 @@ class WholeKConfig:
         arch, plan = compile_target(arch), plan_for(self, k)
         kernel = make_whole_k_kernel(plan, self, resolve_decode(arch, self.decode))
         return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads,
-                                   plain_scale_views, arch, options, tvm_ffi, example_kh=k // 2)
+                                   plain_scale_views, arch, options, tvm_ffi, k // 2, self.min_blocks_per_sm)
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The kernel of this K from the compile cache (`launch.compiled_kernel`): one per K, compiled on the
