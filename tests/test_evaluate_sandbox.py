@@ -472,8 +472,8 @@ def test_a_file_that_holds_the_gpus_memory_is_named(tmp_path):
         def custom_kernel(data):
             return gemv(data)
     ''')
-    # Earlier tests' GPU tensors left in reference cycles would be collected during the evaluation and
-    # their cached blocks would then hold its inputs: collect and release them before the file measures.
+    # No block that earlier tests freed (or left to the garbage collector) stays in the evaluator's cache,
+    # where it could hold the inputs: released before the file measures what is free.
     gc.collect()
     torch.cuda.empty_cache()
     torch.zeros(1, device="cuda")  # the evaluator's own CUDA context exists before the file takes the rest
