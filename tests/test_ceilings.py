@@ -15,6 +15,7 @@ from nvfp4lib.bench.timing import StoppingRule
 from nvfp4lib.bench.ceilings import (FASTEST_NOTE, TorchRead, best_reads, ceiling_table, percent_of_read, read_buffer,
                                read_ceilings)
 from nvfp4lib.contract import Shape
+from nvfp4lib.device import tvm_ffi_problem
 from nvfp4lib.locations import REPO_ROOT
 from nvfp4lib.problem import bytes_moved
 
@@ -214,10 +215,14 @@ def test_triton_read_compiles_to_16_byte_loads_for_hopper():
 
 @pytest.mark.cute
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_cute_stream_read_compiles_to_16_byte_loads_without_a_gpu(arch, tmp_path):
-    """StreamRead's kernel, cross-compiled: LOADS predicated 16-byte loads per thread, each past L1, and
-    the one guarded store of the sink that keeps them."""
-    ptx = ceilings.compile_stream_read(arch, f"--keep-ptx --dump-dir {tmp_path}").__ptx__
+@pytest.mark.parametrize("tvm_ffi", [True, False], ids=["tvm-ffi", "plain-call-path"])
+def test_cute_stream_read_compiles_to_16_byte_loads_without_a_gpu(arch, tvm_ffi, tmp_path):
+    """StreamRead's kernel, cross-compiled for either call path (a release without apache-tvm-ffi has only the
+    plain one): LOADS predicated 16-byte loads per thread, each past L1, and the one guarded store of the sink
+    that keeps them."""
+    if tvm_ffi and (why := tvm_ffi_problem()) is not None:
+        pytest.skip(f"TVM-FFI calls: {why}")
+    ptx = ceilings.compile_stream_read(arch, f"--keep-ptx --dump-dir {tmp_path}", tvm_ffi).__ptx__
     lines = [line.strip() for line in ptx.splitlines()]
     loads = [line for line in lines if "ld.global" in line]
     assert len(loads) == ceilings.StreamRead.LOADS, loads

@@ -29,7 +29,7 @@ from nvfp4lib.bench.harness import measure, timing_fields
 from nvfp4lib.bench.timing import (BENCHMARK_RULE, CPU_BANDWIDTH_BYTES, FLUSHES, GPU_BANDWIDTH_BYTES, StoppingRule,
                                    gbps, percent, text_table, time_column, time_kernel)
 from nvfp4lib.contract import Shape
-from nvfp4lib.device import NO_CUDA, capabilities, missing
+from nvfp4lib.device import NO_CUDA, capabilities, missing, tvm_ffi_problem
 from nvfp4lib.messages import describe_error
 from nvfp4lib.problem import bytes_moved
 
@@ -149,9 +149,10 @@ class TritonRead:
 TRITON_XOR_READS = tuple(TritonRead(hint) for hint in TRITON_HINTS)
 
 
-def compile_stream_read(arch: str | None = None, options: str = ""):
-    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.launch.compile_launch`) for TVM-FFI calls
-    (src pointer, 16-byte vector count, sink pointer, stream). `arch` None compiles for this GPU;
+def compile_stream_read(arch: str | None = None, options: str = "", tvm_ffi: bool | None = None):
+    """The CuTe DSL kernel of `StreamRead`, compiled (`cute.launch.compile_launch`) for TVM-FFI calls where
+    apache-tvm-ffi is installed (or as `tvm_ffi` says), else for the DSL's plain call path (src pointer,
+    16-byte vector count, sink pointer, stream). `arch` None compiles for this GPU;
     e.g. "sm_100a" cross-compiles without one. `options` are extra CuTe DSL compile options (e.g.
     --keep-ptx --dump-dir DIR). (This module has no `from __future__ import annotations`: the DSL
     reads the kernels' annotations, which name the locally imported `cutlass` and `cute`.)"""
@@ -181,7 +182,7 @@ def compile_stream_read(arch: str | None = None, options: str = ""):
         blocks = (n_vec + threads * loads - 1) // (threads * loads)
         kernel(src, n_vec, sink).launch(grid=[blocks, 1, 1], block=[threads, 1, 1], stream=stream)
 
-    return compile_launch(launch, [cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0)], arch, options, tvm_ffi=True)
+    return compile_launch(launch, [cutlass.Int64(0), cutlass.Int32(1), cutlass.Int64(0)], arch, options, tvm_ffi)
 
 
 class StreamRead:
@@ -196,13 +197,21 @@ class StreamRead:
     THREADS, LOADS = 256, 4
 
     def __init__(self):
-        self.fn = compile_stream_read()
+        tvm_ffi = tvm_ffi_problem() is None
+        self.fn = compile_stream_read(tvm_ffi=tvm_ffi)
         self.sink = torch.zeros(1, dtype=torch.int32, device="cuda")
         self._stream = torch._C._cuda_getCurrentRawStream  # the raw handle of a device's current stream
+        if tvm_ffi:  # plain integers and the stream's handle
+            self._arguments = lambda src, n_vec, sink, stream: (src, n_vec, sink, stream)
+        else:  # the plain call path's Int64/Int32 values and the driver's CUstream (as `cute.gemv` passes them)
+            from cuda.bindings.driver import CUstream
+            from nvfp4lib.cute.ptx import Int32, Int64
+            self._arguments = lambda src, n_vec, sink, stream: (Int64(src), Int32(n_vec), Int64(sink), CUstream(stream))
 
     def __call__(self, buf: torch.Tensor) -> None:
         """Read `buf` (uint8, a whole number of 16-byte vectors, e.g. `read_buffer`) once."""
-        self.fn(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), self._stream(buf.device.index))
+        stream = self._stream(buf.device.index)
+        self.fn(*self._arguments(buf.data_ptr(), buf.numel() // 16, self.sink.data_ptr(), stream))
 
 
 @functools.cache
