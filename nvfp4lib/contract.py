@@ -139,8 +139,7 @@ def shape_of(data) -> Shape:
 
 
 def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCALE_TILE_ROWS,
-                        need_k_multiple: int = BLOCK_SIZE * SCALE_TILE_COLS,
-                        check_storage: bool = True):
+                        need_k_multiple: int = BLOCK_SIZE * SCALE_TILE_COLS, check_storage: bool = True):
     """Check the 7-tuple (a, b, sfa, sfb, sfa_permuted, sfb_permuted, c); return its Shape. `check_storage=False`
     skips strides and alignment, for code that indexes the tensors (the reference) rather than reading raw pointers.
     Always refused: a `c` that requires grad or cannot be written in place here (an inference tensor outside
@@ -150,8 +149,7 @@ def validate_gemv_input(data, *, device=None, need_m_multiple: int | None = SCAL
     if not isinstance(data, (tuple, list)) or len(data) != len(NAMES):
         got = f"{type(data).__name__} of length {len(data)}" if hasattr(data, "__len__") else type(data).__name__
         raise NVFP4InputError(f"data: expected a 7-tuple {NAMES}, got {got}")
-    return _validate_tensors(dict(zip(NAMES, data)), "data", device, need_m_multiple, need_k_multiple,
-                             check_storage)
+    return _validate_tensors(dict(zip(NAMES, data)), "data", device, need_m_multiple, need_k_multiple, check_storage)
 
 
 OP_NAMES = ("a", "b", "sfa_permuted", "sfb_permuted")
@@ -209,8 +207,7 @@ def _validate_tensors(t: dict, whole: str, device, need_m_multiple: int | None, 
         if tuple(x.shape) != shapes[name]:
             raise NVFP4InputError(f"{name}: expected shape {shapes[name]}, got {tuple(x.shape)}")
         if check_storage and not strides_match(x, strides[name]):
-            raise NVFP4InputError(
-                f"{name}: expected strides {strides[name]} (the documented storage), got {x.stride()}")
+            raise NVFP4InputError(f"{name}: expected strides {strides[name]} (documented storage), got {x.stride()}")
         if check_storage and x.data_ptr() % ALIGNMENT[name]:
             raise NVFP4InputError(f"{name}: expected a data pointer aligned to {ALIGNMENT[name]} bytes, "
                                   f"got address % {ALIGNMENT[name]} = {x.data_ptr() % ALIGNMENT[name]}")

@@ -48,9 +48,7 @@ def runs_anywhere(caps: Capabilities, on_cuda: bool) -> str | None:
 
 def needs_fp4_gemm(caps: Capabilities, on_cuda: bool) -> str | None:
     """Why torch._scaled_mm cannot run on cuBLAS here (None: it can): it needs its FP4 GEMM, inputs on the GPU."""
-    if not on_cuda:
-        return "cuBLAS's FP4 GEMM needs the inputs on a CUDA GPU"
-    return lacks_fp4_gemm(caps)
+    return lacks_fp4_gemm(caps) if on_cuda else "cuBLAS's FP4 GEMM needs the inputs on a CUDA GPU"
 
 
 def functional_unavailable(caps: Capabilities, on_cuda: bool) -> str | None:

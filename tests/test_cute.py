@@ -2,6 +2,7 @@
 and the per-K ones, `nvfp4lib.cute`) and the generic ones of the study wing (`nvfp4lib.study.generic_kernels`),
 which run through the same host."""
 
+import dataclasses
 import re
 import sys
 from types import SimpleNamespace
@@ -234,8 +235,10 @@ def test_a_k_the_per_k_kernel_cannot_hold_is_refused_naming_a():
 
 
 def test_the_rule_gives_the_measured_configs_at_the_measured_k():
-    """`per_k_rule` is the measured table's pattern: at the benchmark K it gives the configs measured fastest."""
-    assert all(cute_gemv.per_k_rule(k) == cfg for k, cfg in cute_gemv.PER_K_DEFAULTS.items())
+    """`per_k_rule` is the measured table's pattern: at the benchmark K it gives the launch shapes measured
+    fastest (the resident-block count of K = 2048 was measured there only, so the rule leaves it to ptxas)."""
+    assert all(cute_gemv.per_k_rule(k) == dataclasses.replace(cfg, min_blocks_per_sm=0)
+               for k, cfg in cute_gemv.PER_K_DEFAULTS.items())
 
 
 OTHER_K = (64, 256, 1536, 4608, 20480)
@@ -259,10 +262,11 @@ def test_default_config_compiles_at_other_k_for_both_targets(other_k_ptx, k):
 
 
 def test_default_config_at_the_measured_k_is_its_per_k_kernel_and_holds_that_k():
-    """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384, w1x4x1 at 7168 and 2048."""
+    """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384, w1x4x1 at 7168 and, with 16
+    blocks resident per SM, at 2048."""
     whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
     assert cute_gemv.PER_K_DEFAULTS == {16384: whole_k.WholeKConfig(2, 2, 1), 7168: whole_k.WholeKConfig(1, 4, 1),
-                                        2048: whole_k.WholeKConfig(1, 4, 1)}
+                                        2048: whole_k.WholeKConfig(1, 4, 1, min_blocks_per_sm=16)}
     assert sorted(cute_gemv.PER_K_DEFAULTS) == sorted({s.k for s in BENCHMARK_SHAPES})
     for k, cfg in cute_gemv.PER_K_DEFAULTS.items():
         assert cute_gemv.default_config(k) is cfg and cfg.compute and cfg.decode == "auto"

@@ -3,6 +3,7 @@ enumeration, their bit-exact model against the reference, the PTX of both target
 kernels against the model bit for bit."""
 
 import csv
+import dataclasses
 import re
 
 import numpy as np
@@ -77,38 +78,59 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
 
 
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
-    """`gemv.PER_K_DEFAULTS` against its source: per K, the computing per-K config of results/h200_per_k.csv
-    with the least leaderboard time and the least kernel time, faster than the fast kernel's default there."""
+    """`gemv.PER_K_DEFAULTS` against its sources: per K, the launch shape is the computing per-K config of
+    results/h200_per_k.csv with the least leaderboard time and the least kernel time, faster than the fast
+    kernel's default there; a resident-block count is one that took less leaderboard time than the launch shape
+    without it (that run's ``cute_fast``) in every run of results/h200_resident_blocks.csv that timed it."""
     from nvfp4lib.cute import gemv
 
     with open("results/h200_per_k.csv", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    with open("results/h200_resident_blocks.csv", newline="") as f:
+        resident = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     for k, cfg in gemv.PER_K_DEFAULTS.items():
+        shape = dataclasses.replace(cfg, min_blocks_per_sm=0)
         per_k = [r for r in rows if r["path"].startswith("cute_wholek[") and int(r["k"]) == k
                  and "compute=False" not in r["path"]]
         assert len(per_k) == 5, k  # the computing configs of nvfp4lib.bench.profile.PER_K
         for measure in ("leaderboard_us", "kernel_us"):
             best = min(per_k, key=lambda r: float(r[measure]))  # noqa: B023
-            assert best["path"] == cute_bench.kernel_name("fast", cfg), (k, measure)
+            assert best["path"] == cute_bench.kernel_name("fast", shape), (k, measure)
         fast = next(r for r in rows if r["path"] == "cute_fast" and int(r["k"]) == k)
         assert float(best["leaderboard_us"]) < float(fast["leaderboard_us"])
+        if cfg.min_blocks_per_sm:
+            timed = [r for r in resident if r["path"] == cute_bench.kernel_name("fast", cfg) and int(r["k"]) == k]
+            assert len({r["run"] for r in timed}) >= 2 and len({r["env_cute_dsl"] for r in timed}) >= 2, timed
+            for r in timed:  # the run's cute_fast was the launch shape alone then
+                then = next(t for t in resident if t["path"] == "cute_fast" and t["run"] == r["run"]
+                            and int(t["k"]) == k and t["env_cute_dsl"] == r["env_cute_dsl"])
+                assert float(r["leaderboard_us"]) < float(then["leaderboard_us"]), (r["run"], r["leaderboard_us"])
 
 
-def test_a_resident_block_count_caps_the_registers_and_leaves_the_default_as_it_was(monkeypatch):
-    """``-mN`` (`cute_bench.WholeKMinBlocks`): the launch's ``.minnctapersm N``, so ptxas fits N blocks per SM (its
-    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``); the default kernel carries no such directive. A
-    CPU compile asks the driver for the SM's shared memory where N > 1: given the H200's here."""
-    from nvfp4lib.cute.gemv import compile_cubin, compile_ptx
-    helpers = pytest.importorskip("cutlass.cutlass_dsl.cutlass").cuda_helpers
-    monkeypatch.setattr(helpers, "get_device_attribute", lambda attribute: 233472)
-    capped = cute_bench.parse_config("w1x4x1-m32")
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_resident_block_count_sets_the_registers_ptxas_may_use(arch):
+    """``min_blocks_per_sm`` N (``-mN``) is the launch's ``.minnctapersm N``: ptxas fits N blocks per SM (its
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``), so 32 cap the registers and 16 (the default at
+    K = 2048) let it use more than it takes unasked; 0 adds no directive. Compiled also without a GPU, where every
+    CuTe DSL release asks the driver for the SM's shared memory (`launch.SM_SHARED_MEMORY` answers)."""
+    from nvfp4lib.cute.gemv import compile_cubin, compile_ptx, default_config
+
+    capped, default, unasked = (cute_bench.parse_config("w1x4x1-m32"), default_config(2048),
+                                WholeKConfig(chunks_per_thread=1))
     assert cute_bench.kernel_name("fast", capped) == "cute_wholek[chunks_per_thread=1,min_blocks_per_sm=32]"
-    assert ".minnctapersm 32" in compile_ptx("fast", "sm_90a", capped, 2048)
-    assert ptx_reading.cubin_resources(compile_cubin("fast", "sm_90a", capped, 2048))["registers"] <= 65536 // (32 * 64)
-    assert "minnctapersm" not in compile_ptx("fast", "sm_90a", WholeKConfig(chunks_per_thread=1), 2048)
-    for bad, why in [("w1x4x1-m0", "min_blocks_per_sm: expected 1 to 32"), ("w1x4x1-loads-m8", "-mN is not combined")]:
-        with pytest.raises((ValueError, SystemExit), match=why):
+    assert default == dataclasses.replace(unasked, min_blocks_per_sm=16)
+    for cfg, directive in ((capped, ".minnctapersm 32"), (default, ".minnctapersm 16"), (unasked, None)):
+        text = compile_ptx("fast", arch, cfg, 2048)
+        assert (directive in text) if directive else "minnctapersm" not in text, (cfg, arch)
+    registers = {cfg: ptx_reading.cubin_resources(compile_cubin("fast", arch, cfg, 2048))["registers"]
+                 for cfg in (capped, default, unasked)}
+    assert registers[capped] <= 65536 // (32 * 64) < registers[unasked] < registers[default] <= 65536 // (16 * 64), \
+        registers
+    for bad in ("w1x4x1-m33", "w2x2x1-loads-m40"):
+        with pytest.raises(SystemExit, match=r"min_blocks_per_sm: expected 0 to 32, got \d+"):
             cute_bench.parse_config(bad)
+    with pytest.raises(ValueError, match="min_blocks_per_sm: expected 0 to 32, got -1"):
+        WholeKConfig(min_blocks_per_sm=-1)
 
 
 # ------------------------------------------------------------------------------------ exactness

@@ -182,20 +182,6 @@ class WholeKBitTrick(WholeKConfig):
         accumulate_rows(acc, plan, decode, loaded, zero, _bit_trick_b_chunk, _bit_trick_dots)
 
 
-@dataclasses.dataclass(frozen=True)
-class WholeKMinBlocks(WholeKConfig):
-    """The per-K kernel with at least ``min_blocks_per_sm`` blocks resident per SM (``-mN``: ``.minnctapersm``, so
-    ptxas caps the registers a thread to fit), for the occupancy experiment of docs/cute_kernel_notes.md."""
-
-    min_blocks_per_sm: int = 1
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not 1 <= self.min_blocks_per_sm <= 32:
-            raise ValueError(f"min_blocks_per_sm: expected 1 to 32 (an SM's most resident blocks), got "
-                             f"{self.min_blocks_per_sm}")
-
-
 def _bit_trick_b_chunk(words, decode: str, lookup) -> list:
     """A chunk of B as true fp16 halves, 8 per word (`decode.decode_b_word`)."""
     return [x for w in words for x in decode_b_word(w, False)]
@@ -210,18 +196,15 @@ def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
 def parse_whole_k_config(text: str) -> WholeKConfig:
     """'wCxQxS[-loads][-DECODE][-mN]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q, row_slots=S, ...):
     the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone (`WholeKLoadsOnly`),
-    -mN keeps at least N of its blocks resident per SM (`WholeKMinBlocks`; not with -loads or -bitops)."""
+    -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`)."""
     try:
         flags = text.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
         kind = WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode else WholeKConfig
-        if blocks and kind is not WholeKConfig:
-            raise ValueError("-mN is not combined with -loads or -bitops")
-        extra = {"min_blocks_per_sm": blocks[-1]} if blocks else {}
-        return (WholeKMinBlocks if blocks else kind)(chunks, rows, slots, decode=decode[-1] if decode else "auto",
-                                                     **extra)
+        return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
+                    min_blocks_per_sm=blocks[-1] if blocks else 0)
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

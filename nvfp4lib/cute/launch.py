@@ -4,8 +4,10 @@ tensors from raw addresses."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
+import sys
 import tempfile
 from pathlib import Path
 
@@ -92,8 +94,9 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
     """`compile_launch` of the launch every GEMV kernel has: ``kernel(a, b, sfa, sfb, c)`` on the
     `leaderboard_tensors` of (5 addresses, K/2, M, L) with ``scale_views``, ``threads`` per block, ``grid(m, l)``
     blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream. ``min_blocks``
-    > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas caps the registers to fit; its
-    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``)."""
+    > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas fits its registers to that; its
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``; for more than one the DSL asks the driver for the
+    SM's shared memory, which `compile_artifact` answers where there is no GPU)."""
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
@@ -112,6 +115,28 @@ def compiled_kernel(cfg, arch: str, k: int | None, tvm_ffi: bool):
     return cfg.compile(arch, k, tvm_ffi=tvm_ffi)
 
 
+SM_SHARED_MEMORY = {"sm_90a": 233472, "sm_100a": 233472}
+"""Bytes of shared memory per SM (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) of the H100/H200 and
+B200: 228 KB."""
+
+
+@contextlib.contextmanager
+def _sm_shared_memory_without_a_gpu(arch: str):
+    """For a kernel with more than one resident block per SM (``min_blocks``), every CuTe DSL release asks the
+    driver for the SM's shared memory, to choose the launch's shared-memory carveout: a host setting, not in the
+    PTX or the cubin. Where there is no GPU to ask, the question is answered with `arch`'s, while compiling."""
+    helpers = getattr(sys.modules.get("cutlass.cutlass_dsl.cutlass"), "cuda_helpers", None)
+    if cute_arch() is not None or helpers is None or arch not in SM_SHARED_MEMORY:
+        yield
+        return
+    asked = helpers.get_device_attribute
+    helpers.get_device_attribute = lambda attribute, *args: SM_SHARED_MEMORY[arch]
+    try:
+        yield
+    finally:
+        helpers.get_device_attribute = asked
+
+
 def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
     """What a compile of ``cfg``'s kernel for ``arch`` (at K ``k`` where it compiles per K) writes to its dump
     folder: the PTX text (``kind`` "ptx") or the machine code (``kind`` "cubin", as bytes); no GPU needed. Read
@@ -119,7 +144,7 @@ def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
     which raises on a machine without a CUDA driver: there the artifact is kept, and the error only if none was
     written."""
     require_dsl()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _sm_shared_memory_without_a_gpu(arch):
         try:
             cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}")
         except Exception:

@@ -47,22 +47,26 @@ class WholeKConfig:
     chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk). ``rows_per_thread``: the
     rows each thread computes against one decode of its chunks of B. ``row_slots``: groups of threads per
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
-    ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). Its methods are what
+    ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
+    the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
+    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). Its methods are what
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
-    compute = True  # ... and computes (a benchmark's loads-only form does not) ...
-    min_blocks_per_sm = 0  # ... and leaves its registers to ptxas (a benchmark's form asks for more resident blocks)
+    compute = True  # ... and computes (a benchmark's loads-only form does not)
     DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
     rows_per_thread: int = 4
     row_slots: int = 1
     decode: str = "auto"
+    min_blocks_per_sm: int = 0
 
     def __post_init__(self):
-        if not 1 <= self.chunks_per_thread <= MAX_CHUNKS_PER_THREAD:
-            raise ValueError(f"chunks_per_thread: expected 1 to {MAX_CHUNKS_PER_THREAD}, got {self.chunks_per_thread}")
+        for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
+                                       ("min_blocks_per_sm", self.min_blocks_per_sm, 0, 32)):  # an SM's most blocks
+            if not low <= value <= high:
+                raise ValueError(f"{name}: expected {low} to {high}, got {value}")
         rows = self.rows_per_thread * self.row_slots
         for name, value in (("rows_per_thread", self.rows_per_thread), ("row_slots", self.row_slots),
                             ("rows_per_thread x row_slots", rows)):
