@@ -194,17 +194,19 @@ def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
 
 
 def parse_whole_k_config(text: str) -> WholeKConfig:
-    """'wCxQxS[-loads][-DECODE][-mN]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q, row_slots=S, ...):
-    the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone (`WholeKLoadsOnly`),
-    -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`)."""
+    """'wCxQxS[-loads][-DECODE][-mN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q,
+    row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone
+    (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`),
+    :QUALIFIERS sets the PTX qualifiers of the A loads (`WholeKConfig.a_load`), e.g. ':.L1::evict_first'."""
     try:
-        flags = text.split("-")
+        spec, _, a_load = text.partition(":")
+        flags = spec.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
         kind = WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode else WholeKConfig
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
-                    min_blocks_per_sm=blocks[-1] if blocks else 0)
+                    min_blocks_per_sm=blocks[-1] if blocks else 0, **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

@@ -22,6 +22,7 @@ bookkeeping, every address an immediate offset from one base, the block gone as 
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -49,7 +50,8 @@ class WholeKConfig:
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
     ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
     the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
-    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). Its methods are what
+    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). ``a_load``: the PTX
+    qualifiers of the A loads before their L2 evict_first policy. Its methods are what
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
@@ -61,6 +63,7 @@ class WholeKConfig:
     row_slots: int = 1
     decode: str = "auto"
     min_blocks_per_sm: int = 0
+    a_load: str = ".nc.L1::no_allocate"
 
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
@@ -74,6 +77,8 @@ class WholeKConfig:
                 raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
         if self.decode not in self.DECODES:
             raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
+        if not isinstance(self.a_load, str) or not re.fullmatch(r"(\.[A-Za-z0-9_]+(::[A-Za-z0-9_]+)?)*", self.a_load):
+            raise ValueError(f"a_load: expected PTX qualifiers such as '.nc.L1::no_allocate', got {self.a_load!r}")
 
     def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
         """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
@@ -214,7 +219,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
             for i in cutlass.range_constexpr(C):
                 pred = (t < plan.n_chunks - i * P) if plan.partial[i] else None
                 a_words.append(ld_global_v4_policy(a_base + (q * KH + i * P * CHUNK_BYTES), read_once, pred,
-                                                   ".nc.L1::no_allocate"))
+                                                   cfg.a_load))
                 sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), 1 if pred is None else pred))
 
         acc = cute.make_rmem_tensor((Q,), Float32)
