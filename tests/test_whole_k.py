@@ -77,6 +77,31 @@ def test_cute_bench_names_and_parses_the_per_k_configs():
     assert cute_bench.refusal(CuteGemv("fast"), big) is None  # the default config holds K = 32768
 
 
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_a_benchmark_form_loads_a_with_other_qualifiers_and_only_a(arch):
+    """``:QUALIFIERS`` (`cute_bench.WholeKQualified`) replaces the A loads' qualifiers before their L2 policy and
+    nothing else: B keeps its own, the kernel is otherwise the same instructions; without it the core's config."""
+    from nvfp4lib.cute.gemv import compile_ptx
+
+    def loads(text):
+        return re.findall(r"ld\.global[.\w:]*", text)
+
+    plain, hinted = cute_bench.parse_config("w2x2x1"), cute_bench.parse_config("w2x2x1:.L1::evict_first")
+    assert type(plain) is WholeKConfig and isinstance(hinted, cute_bench.WholeKQualified)
+    assert cute_bench.kernel_name("fast", hinted) == "cute_wholek[rows_per_thread=2,a_load=.L1::evict_first]"
+    assert cute_bench.kernel_name("fast", cute_bench.parse_config("w2x2x1-loads:.nc")) == \
+        "cute_wholek[rows_per_thread=2,a_load=.nc,compute=False]"
+    before, after = (compile_ptx("fast", arch, cfg, 16384) for cfg in (plain, hinted))
+    a_before = [x for x in loads(before) if "no_allocate" in x]
+    assert a_before and set(a_before) == {"ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"}
+    swapped = [x.replace("ld.global.nc.L1::no_allocate.", "ld.global.L1::evict_first.") for x in loads(before)]
+    assert loads(after) == swapped
+    assert before.replace("ld.global.nc.L1::no_allocate.", "ld.global.L1::evict_first.") == after
+    for bad in ("w2x2x1:;ret;", "w2x2x1:nc", "w2x2x1:.L1::evict_first }"):
+        with pytest.raises(SystemExit, match="a_load: expected PTX qualifiers"):
+            cute_bench.parse_config(bad)
+
+
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
     """`gemv.PER_K_DEFAULTS` against its sources: per K, the launch shape is the computing per-K config of
     results/h200_per_k.csv with the least leaderboard time and the least kernel time, faster than the fast

@@ -156,10 +156,24 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
     return ok_all
 
 
-# The per-K kernel's forms that only a benchmark runs: the core's kernel with another `sum_rows`.
+# The per-K kernel's forms that only a benchmark runs: the core's kernel with other A-load qualifiers or another
+# `sum_rows`.
 
 
-class WholeKLoadsOnly(WholeKConfig):
+@dataclasses.dataclass(frozen=True)
+class WholeKQualified(WholeKConfig):
+    """The per-K kernel with other PTX qualifiers for its A loads (``:QUALIFIERS``, before their L2 evict_first
+    policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate'."""
+
+    a_load: str = WholeKConfig.a_load
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.a_load, str) or not re.fullmatch(r"(\.[A-Za-z0-9_]+(::[A-Za-z0-9_]+)?)*", self.a_load):
+            raise ValueError(f"a_load: expected PTX qualifiers such as '.L1::evict_first', got {self.a_load!r}")
+
+
+class WholeKLoadsOnly(WholeKQualified):
     """The per-K kernel's loads alone (``-loads``): every loaded word XORed into each row's sum (`loads_xor`),
     no decode and no math, a wrong result that times the access pattern."""
 
@@ -172,7 +186,7 @@ class WholeKLoadsOnly(WholeKConfig):
             acc[q] = acc[q] + touched
 
 
-class WholeKBitTrick(WholeKConfig):
+class WholeKBitTrick(WholeKQualified):
     """The per-K kernel with the bit-trick decode (``-bitops``: A as value * 2^-14, B true fp16, packed fp16 block
     sums), for the comparison with the lookup in docs/cute_kernel_notes.md; otherwise `accumulate_rows`'s order."""
 
@@ -197,14 +211,15 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
     """'wCxQxS[-loads][-DECODE][-mN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q,
     row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone
     (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`),
-    :QUALIFIERS sets the PTX qualifiers of the A loads (`WholeKConfig.a_load`), e.g. ':.L1::evict_first'."""
+    :QUALIFIERS sets the PTX qualifiers of the A loads (`WholeKQualified`), e.g. ':.L1::evict_first'."""
     try:
         spec, _, a_load = text.partition(":")
         flags = spec.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
-        kind = WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode else WholeKConfig
+        kind = (WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode
+                else WholeKQualified if a_load else WholeKConfig)
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
                     min_blocks_per_sm=blocks[-1] if blocks else 0, **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError) as err:

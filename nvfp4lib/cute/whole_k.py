@@ -22,7 +22,6 @@ bookkeeping, every address an immediate offset from one base, the block gone as 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -50,12 +49,12 @@ class WholeKConfig:
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
     ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
     the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
-    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). ``a_load``: the PTX
-    qualifiers of the A loads before their L2 evict_first policy. Its methods are what
+    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). Its methods are what
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
-    compute = True  # ... and computes (a benchmark's loads-only form does not)
+    compute = True  # ... and computes (a benchmark's loads-only form does not) ...
+    a_load = ".nc.L1::no_allocate"  # ... with these A-load qualifiers (a benchmark's form varies them)
     DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
@@ -63,7 +62,6 @@ class WholeKConfig:
     row_slots: int = 1
     decode: str = "auto"
     min_blocks_per_sm: int = 0
-    a_load: str = ".nc.L1::no_allocate"
 
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
@@ -77,8 +75,6 @@ class WholeKConfig:
                 raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
         if self.decode not in self.DECODES:
             raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
-        if not isinstance(self.a_load, str) or not re.fullmatch(r"(\.[A-Za-z0-9_]+(::[A-Za-z0-9_]+)?)*", self.a_load):
-            raise ValueError(f"a_load: expected PTX qualifiers such as '.nc.L1::no_allocate', got {self.a_load!r}")
 
     def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
         """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
