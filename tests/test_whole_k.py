@@ -158,6 +158,17 @@ def test_a_resident_block_count_sets_the_registers_ptxas_may_use(arch):
         WholeKConfig(min_blocks_per_sm=-1)
 
 
+@pytest.mark.skipif(capabilities().cuda, reason="with a GPU the driver answers for the SM's shared memory")
+def test_a_cross_compile_with_resident_blocks_for_a_target_of_unknown_shared_memory_names_the_target():
+    """Without a GPU the SM's shared memory is known for `launch.SM_SHARED_MEMORY`'s targets only: another target
+    with ``min_blocks_per_sm`` is refused naming ``arch`` (not the DSL's missing-driver error); without it, compiled."""
+    from nvfp4lib.cute.gemv import compile_ptx
+
+    with pytest.raises(ValueError, match=r"arch: expected one of sm_90a, sm_100a .* got 'sm_120a'"):
+        compile_ptx("fast", "sm_120a", WholeKConfig(chunks_per_thread=1, min_blocks_per_sm=8), 2048)
+    assert ".minnctapersm" not in compile_ptx("fast", "sm_120a", WholeKConfig(chunks_per_thread=1), 2048)
+
+
 # ------------------------------------------------------------------------------------ exactness
 
 

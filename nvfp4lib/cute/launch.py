@@ -124,13 +124,21 @@ B200: 228 KB."""
 def _sm_shared_memory_without_a_gpu(arch: str):
     """For a kernel with more than one resident block per SM (``min_blocks``), every CuTe DSL release asks the
     driver for the SM's shared memory, to choose the launch's shared-memory carveout: a host setting, not in the
-    PTX or the cubin. Where there is no GPU to ask, the question is answered with `arch`'s, while compiling."""
+    PTX or the cubin. Where there is no GPU to ask, the question is answered with `arch`'s, while compiling (a
+    target whose answer is not known here is refused, naming it)."""
     helpers = getattr(sys.modules.get("cutlass.cutlass_dsl.cutlass"), "cuda_helpers", None)
-    if cute_arch() is not None or helpers is None or arch not in SM_SHARED_MEMORY:
+    if cute_arch() is not None or helpers is None:
         yield
         return
+
+    def answer(attribute, *args):
+        if arch not in SM_SHARED_MEMORY:
+            raise ValueError(f"arch: expected one of {', '.join(SM_SHARED_MEMORY)} to compile a kernel with resident "
+                             f"blocks (min_blocks_per_sm) without a GPU, got {arch!r}")
+        return SM_SHARED_MEMORY[arch]
+
     asked = helpers.get_device_attribute
-    helpers.get_device_attribute = lambda attribute, *args: SM_SHARED_MEMORY[arch]
+    helpers.get_device_attribute = answer
     try:
         yield
     finally:
