@@ -3,6 +3,7 @@
 Nothing here asserts a speed: CPU timings are wall clock and only exercise the code.
 """
 
+import csv
 import dataclasses
 import math
 
@@ -347,6 +348,12 @@ def test_a_summary_table_finds_its_ceilings_once(monkeypatch):
 
 @pytest.mark.parametrize("path", bench_report.committed_results(), ids=lambda p: p.name)
 def test_committed_results_load_and_draw(path):
+    with open(path, newline="") as f:
+        header = next(csv.reader(f))
+    missing = [c for c in ("path", "kind", "m", "k", "l", "kernel_us", "leaderboard_us", "host_visible_us")
+               if c not in header]  # the schema's own columns (`bench_report.COLUMNS`; older CSVs lack some others)
+    assert not missing, (f"{path.name}: not in the benchmark CSV's schema (no {', '.join(missing[:4])} ...); "
+                         f"a CSV of counters is named *{bench_report.PROFILE_SUFFIX}.csv")
     rows = bench_report.load_results(path)
     text = bench_report.summary_table(rows, ("benchmark",))
     measures = bench_report.measures_in(rows)
