@@ -154,6 +154,7 @@ OP_INSTRUCTIONS = {  # each PTX op of cute_ptx -> a kernel that calls it and the
     "prmt_lookup": ("tiled", "sm_90a", "prmt.b32"),
     "l2_policy": ("wholek", "sm_90a", "createpolicy.fractional.L2::evict_first.b64"),
     "ld_global_v4_policy": ("wholek", "sm_90a", "ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"),
+    "ld_global_u16_policy_if": ("wholek", "sm_90a", "ld.global.nc.L2::cache_hint.u16"),
     "fma_rn_f32": ("wholek", "sm_90a", "fma.rn.f32"),
     "warp_word_offset": ("wholek k=7168", "sm_90a", "shr.u32"),  # rows of several warps
 }

@@ -11,8 +11,8 @@ bookkeeping, every address an immediate offset from one base, the block gone as 
   (P = threads_per_row), so that every warp-wide load reads 512 contiguous bytes. Each thread computes
   ``rows_per_thread`` rows against one decode of its chunks of B (B stays in registers: a thread needs
   only the chunks its own loads of A cover).
-* A is loaded with ``L1::no_allocate`` and an L2 ``evict_first`` policy (read once), B with
-  ``L1::evict_last`` and an L2 ``evict_last`` policy (read by every block of its batch).
+* A and its scales are loaded under an L2 ``evict_first`` policy (read once; A with ``L1::no_allocate``), B and
+  its scales under ``evict_last`` (read by every block of its batch; B with ``L1::evict_last``).
 * Each 16-element block is summed exactly (the decodes of `nvfp4lib.cute.decode`; "lut" with
   `block_dot_lut2`, so that B needs no negated copy), scaled with one ``fma.rn.f32``, reduced over the warp
   with shuffles and over the warps of a row through shared memory, in a fixed order that
@@ -29,9 +29,9 @@ from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, chunk_dots, decode_b_chunk, scaled_b
 from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, plain_scale_views, resolve_decode
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
-                               ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator, smem_words, st_shared,
-                               warp_word_offset)
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy,
+                               ld_global_u16_policy_if, ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator,
+                               smem_words, st_shared, warp_word_offset)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -54,7 +54,8 @@ class WholeKConfig:
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
     compute = True  # ... and computes (a benchmark's loads-only form does not) ...
-    a_load = ".nc.L1::no_allocate"  # ... with these A-load qualifiers (a benchmark's form varies them)
+    a_load = ".nc.L1::no_allocate"  # ... with these A-load qualifiers (a benchmark's form varies them) ...
+    sfa_policy = "evict_first"  # ... and A's scales under this L2 policy (read once, as A)
     DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
@@ -186,7 +187,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
     P, C, Q, R, WP = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block, \
         plan.warps_per_row
     PARTIALS_PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials, 16-byte aligned
-    KH, KS = plan.k // 2, plan.k // 16  # bytes of A and of its scales per row
+    KH, KS, STEP = plan.k // 2, plan.k // 16, P * CHUNK_BYTES  # bytes of A, of its scales per row; a load's stride
 
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
@@ -205,18 +206,18 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
         b_base = b.iterator + (Int64(batch) * (B_ROWS * KH) + first_chunk)
         sfb_base = sfb.iterator + (Int64(batch) * (B_ROWS * KS) + 2 * t)
         read_once, read_by_all = l2_policy("evict_first"), l2_policy("evict_last")
+        sfa_policy = read_once if cfg.sfa_policy == "evict_first" else l2_policy(cfg.sfa_policy)
 
+        preds = [(t < plan.n_chunks - i * P) if plan.partial[i] else None for i in range(C)]  # None: every thread's
+        ons = [1 if pred is None else pred for pred in preds]  # the same for the scale loads
         b_words, sfb_pairs, a_words, sfa_pairs = [], [], [], []
         for i in cutlass.range_constexpr(C):
-            pred = (t < plan.n_chunks - i * P) if plan.partial[i] else None
-            b_words.append(ld_global_v4_policy(b_base + i * P * CHUNK_BYTES, read_by_all, pred, ".nc.L1::evict_last"))
-            sfb_pairs.append(ld_global_u16_if(sfb_base + i * P * 2, 1 if pred is None else pred))
+            b_words.append(ld_global_v4_policy(b_base + i * STEP, read_by_all, preds[i], ".nc.L1::evict_last"))
+            sfb_pairs.append(ld_global_u16_policy_if(sfb_base + i * P * 2, read_by_all, ons[i]))
         for q in cutlass.range_constexpr(Q):
             for i in cutlass.range_constexpr(C):
-                pred = (t < plan.n_chunks - i * P) if plan.partial[i] else None
-                a_words.append(ld_global_v4_policy(a_base + (q * KH + i * P * CHUNK_BYTES), read_once, pred,
-                                                   cfg.a_load))
-                sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), 1 if pred is None else pred))
+                a_words.append(ld_global_v4_policy(a_base + (q * KH + i * STEP), read_once, preds[i], cfg.a_load))
+                sfa_pairs.append(ld_global_u16_policy_if(sfa_base + (q * KS + i * P * 2), sfa_policy, ons[i]))
 
         acc = cute.make_rmem_tensor((Q,), Float32)
         for q in cutlass.range_constexpr(Q):
