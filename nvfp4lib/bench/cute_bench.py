@@ -163,20 +163,14 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
 @dataclasses.dataclass(frozen=True)
 class WholeKQualified(WholeKConfig):
     """The per-K kernel with other PTX qualifiers for its A loads (``:QUALIFIERS``, before their L2 evict_first
-    policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate', or another L2
-    policy for A's scales (``-sfa=POLICY``, one of `SFA_POLICIES`), e.g. 'evict_normal' for the core's
-    'evict_first'."""
+    policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate'."""
 
-    SFA_POLICIES = ("evict_first", "evict_normal", "evict_last", "evict_unchanged")  # createpolicy.fractional's
     a_load: str = WholeKConfig.a_load
-    sfa_policy: str = WholeKConfig.sfa_policy
 
     def __post_init__(self):
         super().__post_init__()
         if not isinstance(self.a_load, str) or not re.fullmatch(r"(\.[A-Za-z0-9_]+(::[A-Za-z0-9_]+)?)*", self.a_load):
             raise ValueError(f"a_load: expected PTX qualifiers such as '.L1::evict_first', got {self.a_load!r}")
-        if self.sfa_policy not in self.SFA_POLICIES:
-            raise ValueError(f"sfa_policy: expected one of {self.SFA_POLICIES}, got {self.sfa_policy!r}")
 
 
 class WholeKLoadsOnly(WholeKQualified):
@@ -214,23 +208,22 @@ def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
 
 
 def parse_whole_k_config(text: str) -> WholeKConfig:
-    """'wCxQxS[-loads][-DECODE][-mN][-sfa=POLICY][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C,
-    rows_per_thread=Q, row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times
-    its loads alone (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM
-    (`WholeKConfig.min_blocks_per_sm`), -sfa=POLICY loads A's scales under another L2 policy and :QUALIFIERS sets
-    the PTX qualifiers of the A loads (`WholeKQualified`), e.g. '-sfa=evict_normal', ':.L1::evict_first'."""
+    """'wCxQxS[-loads][-DECODE][-mN][-hints][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q,
+    row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone
+    (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`), -hints
+    loads the scales under their operand's L2 policy (`WholeKConfig.scale_hints`), :QUALIFIERS sets the PTX
+    qualifiers of the A loads (`WholeKQualified`), e.g. ':.L1::evict_first'."""
     try:
         spec, _, a_load = text.partition(":")
         flags = spec.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
-        qualified = ({"a_load": a_load} if a_load else {}) | {
-            "sfa_policy": f[4:] for f in flags[1:] if f.startswith("sfa=")}
         kind = (WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode
-                else WholeKQualified if qualified else WholeKConfig)
+                else WholeKQualified if a_load else WholeKConfig)
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
-                    min_blocks_per_sm=blocks[-1] if blocks else 0, **qualified)
+                    min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags,
+                    **({"a_load": a_load} if a_load else {}))
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

@@ -129,13 +129,13 @@ def make_naive_kernel(hw_e2m1: bool):
 
 
 PER_K_DEFAULTS = {16384: WholeKConfig(chunks_per_thread=2, rows_per_thread=2),  # w2x2x1
-                  7168: WholeKConfig(chunks_per_thread=1, rows_per_thread=4),  # w1x4x1
-                  2048: WholeKConfig(chunks_per_thread=1, rows_per_thread=4, min_blocks_per_sm=16)}  # w1x4x1-m16
-"""The per-K kernels that `default_config` runs at the benchmark K: of the per-K configs measured
-on the H200 (results/h200_per_k.csv, commit f91bda39931b), the fastest at each K, by kernel time
-and by leaderboard time, and faster there than the generic kernels; at K = 2048 with 16 blocks resident
-per SM (64 registers a thread instead of 40), 0.4 us faster by leaderboard time under CuTe DSL 4.6.3
-and 4.8.1 (results/h200_resident_blocks.csv, commit 5f77341)."""
+                  7168: WholeKConfig(chunks_per_thread=1, min_blocks_per_sm=5, scale_hints=True),  # w1x4x1-m5-hints
+                  2048: WholeKConfig(chunks_per_thread=1, row_slots=2, min_blocks_per_sm=8)}  # w1x4x2-m8
+"""The per-K kernels that `default_config` runs at the benchmark K: their launch shapes the fastest of the per-K
+configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at K = 16384 and 7168; at K = 2048 two
+row slots of 4 rows with 8 blocks resident per SM (64 registers a thread), at K = 7168 5 blocks (56 registers,
+not 40) with the scale loads under their operand's L2 policy, each faster by leaderboard time than the measured
+alternatives under CuTe DSL 4.6.3 and 4.8.1 (results/h200_scale_hints.csv; docs/cute_kernel_notes.md)."""
 
 SHORT_K = 8192
 """Up to this K, `per_k_rule` gives each thread one chunk of 4 rows (``w1x4x1``, K/32 threads per row: the

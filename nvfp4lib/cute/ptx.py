@@ -115,12 +115,16 @@ def ld_global_v4_if(ptr, pred, hint: str, *, loc=None, ip=None):
     return _v4_load(f"ld.global{hint}.v4.u32 {V4_WORDS}, [{{$r0}}];", [ptr], pred, loc, ip)
 
 
-ld_global_u16_if = fixed_op("{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n"
-                            " @p ld.global.nc.u16 {$w0}, [{$r0}]; }", [Int16], [None, Int32])
-"""``ld_global_u16_if(ptr, pred)``: 16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false."""
-ld_global_u16_policy_if = fixed_op("{ .reg .pred p;\n setp.ne.b32 p, {$r2}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc"
-                                   ".L2::cache_hint.u16 {$w0}, [{$r0}], {$r1}; }", [Int16], [None, None, Int32])
-"""``ld_global_u16_policy_if(ptr, policy, pred)``: `ld_global_u16_if` under an L2 cache policy (`l2_policy`)."""
+@dsl_user_op
+def ld_global_u16_if(ptr, pred, policy=None, *, loc=None, ip=None):
+    """16-bit read-only load (two scale bytes) that yields 0 where ``pred`` is false (None: true), under the L2
+    cache policy ``policy`` (`l2_policy`) where one is given."""
+    hinted = policy is not None
+    load = ".L2::cache_hint.u16 {$w0}, [{$r0}], {$r2}; }" if hinted else ".u16 {$w0}, [{$r0}]; }"
+    return inline_ptx("{ .reg .pred p;\n setp.ne.b32 p, {$r1}, 0;\n mov.b16 {$w0}, 0;\n @p ld.global.nc" + load,
+                      [Int16], [ptr, Int32(1 if pred is None else pred)] + [policy] * hinted, loc=loc, ip=ip)
+
+
 ld_global_u32 = fixed_op("ld.global.u32 {$w0}, [{$r0}];", [Int32])
 """``ld_global_u32(ptr)``: plain 32-bit load (8 FP4 codes)."""
 

@@ -11,8 +11,8 @@ bookkeeping, every address an immediate offset from one base, the block gone as 
   (P = threads_per_row), so that every warp-wide load reads 512 contiguous bytes. Each thread computes
   ``rows_per_thread`` rows against one decode of its chunks of B (B stays in registers: a thread needs
   only the chunks its own loads of A cover).
-* A and its scales are loaded under an L2 ``evict_first`` policy (read once; A with ``L1::no_allocate``), B and
-  its scales under ``evict_last`` (read by every block of its batch; B with ``L1::evict_last``).
+* A is loaded with ``L1::no_allocate`` and an L2 ``evict_first`` policy (read once), B with ``L1::evict_last``
+  and an L2 ``evict_last`` policy (read by every block of its batch); their scales under the same with ``scale_hints``.
 * Each 16-element block is summed exactly (the decodes of `nvfp4lib.cute.decode`; "lut" with
   `block_dot_lut2`, so that B needs no negated copy), scaled with one ``fma.rn.f32``, reduced over the warp
   with shuffles and over the warps of a row through shared memory, in a fixed order that
@@ -29,9 +29,9 @@ from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, chunk_dots, decode_b_chunk, scaled_b
 from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, plain_scale_views, resolve_decode
-from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy,
-                               ld_global_u16_policy_if, ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator,
-                               smem_words, st_shared, warp_word_offset)
+from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
+                               ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator, smem_words, st_shared,
+                               warp_word_offset)
 
 CHUNK_BYTES = 16  # one 128-bit load: 32 codes, two 16-element scale blocks
 MAX_THREADS = 1024
@@ -49,13 +49,13 @@ class WholeKConfig:
     block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
     ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
     the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
-    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). Its methods are what
+    65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). ``scale_hints``: the scale
+    loads under their operand's L2 policy too (faster at K = 7168 alone, ibid.). Its methods are what
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
     compute = True  # ... and computes (a benchmark's loads-only form does not) ...
-    a_load = ".nc.L1::no_allocate"  # ... with these A-load qualifiers (a benchmark's form varies them) ...
-    sfa_policy = "evict_first"  # ... and A's scales under this L2 policy (read once, as A)
+    a_load = ".nc.L1::no_allocate"  # ... with these A-load qualifiers (a benchmark's form varies them)
     DECODES = ("auto", "hw", "lut")  # those `accumulate_rows` computes with (a benchmark's forms add others)
 
     chunks_per_thread: int = 2
@@ -63,6 +63,7 @@ class WholeKConfig:
     row_slots: int = 1
     decode: str = "auto"
     min_blocks_per_sm: int = 0
+    scale_hints: bool = False
 
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
@@ -76,6 +77,8 @@ class WholeKConfig:
                 raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
         if self.decode not in self.DECODES:
             raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
+        if not isinstance(self.scale_hints, bool):
+            raise ValueError(f"scale_hints: expected True or False, got {self.scale_hints!r}")
 
     def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
         """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
@@ -149,10 +152,7 @@ def loads_joined(loaded, zero):
     together), so that whatever uses the result waits for all of them. Without it ptxas sinks each load
     to just before its first use, to save registers, and a thread has only a few loads in flight; with
     it every load is issued before the first block sum, as the streaming read issues them."""
-    join = Int32(0)
-    for value in loaded:
-        join = join ^ Int32(value)
-    return join & zero
+    return functools.reduce(lambda join, value: join ^ Int32(value), loaded, Int32(0)) & zero
 
 
 def lut_after(zero):
@@ -200,24 +200,22 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
         batch = cute.arch.block_idx()[1]  # a grid of (M / rows_per_block, L): no division by M
         m0 = cute.arch.block_idx()[0] * R  # the block's first row within its batch
         first = batch * m_rows + m0 + slot * Q  # this slot's first row, flat over (L, M)
-        first_chunk = t * CHUNK_BYTES
-        a_base = a.iterator + (Int64(first) * KH + first_chunk)
+        a_base = a.iterator + (Int64(first) * KH + t * CHUNK_BYTES)
         sfa_base = sfa.iterator + (Int64(first) * KS + 2 * t)
-        b_base = b.iterator + (Int64(batch) * (B_ROWS * KH) + first_chunk)
+        b_base = b.iterator + (Int64(batch) * (B_ROWS * KH) + t * CHUNK_BYTES)
         sfb_base = sfb.iterator + (Int64(batch) * (B_ROWS * KS) + 2 * t)
         read_once, read_by_all = l2_policy("evict_first"), l2_policy("evict_last")
-        sfa_policy = read_once if cfg.sfa_policy == "evict_first" else l2_policy(cfg.sfa_policy)
+        sfa_policy, sfb_policy = (read_once, read_by_all) if cfg.scale_hints else (None, None)
 
         preds = [(t < plan.n_chunks - i * P) if plan.partial[i] else None for i in range(C)]  # None: every thread's
-        ons = [1 if pred is None else pred for pred in preds]  # the same for the scale loads
         b_words, sfb_pairs, a_words, sfa_pairs = [], [], [], []
         for i in cutlass.range_constexpr(C):
             b_words.append(ld_global_v4_policy(b_base + i * STEP, read_by_all, preds[i], ".nc.L1::evict_last"))
-            sfb_pairs.append(ld_global_u16_policy_if(sfb_base + i * P * 2, read_by_all, ons[i]))
+            sfb_pairs.append(ld_global_u16_if(sfb_base + i * P * 2, preds[i], sfb_policy))
         for q in cutlass.range_constexpr(Q):
             for i in cutlass.range_constexpr(C):
                 a_words.append(ld_global_v4_policy(a_base + (q * KH + i * STEP), read_once, preds[i], cfg.a_load))
-                sfa_pairs.append(ld_global_u16_policy_if(sfa_base + (q * KS + i * P * 2), sfa_policy, ons[i]))
+                sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), preds[i], sfa_policy))
 
         acc = cute.make_rmem_tensor((Q,), Float32)
         for q in cutlass.range_constexpr(Q):
