@@ -146,7 +146,7 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
         fast = next(r for r in rows if r["path"] == "cute_fast" and int(r["k"]) == k)
         assert float(best["leaderboard_us"]) < float(fast["leaderboard_us"])
     for k, cfg in gemv.PER_K_DEFAULTS.items():
-        at_k = [r for r in recorded if int(r["k"]) == k and r["kind"] == "nvfp4lib"]
+        at_k = [r for r in recorded if r["kind"] == "nvfp4lib" and int(r["k"]) == k]
         releases = {r["env_cute_dsl"] for r in at_k}
         assert len(releases) >= 2, (k, releases)
         switched = cute_bench.kernel_name("fast", dataclasses.replace(cfg, scale_hints=not cfg.scale_hints))
