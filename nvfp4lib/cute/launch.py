@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import sys
 import tempfile
+import unittest.mock
 from pathlib import Path
 
 from nvfp4lib.contract import B_ROWS, SCALE_TILE_COLS, SCALE_TILE_ROWS, permuted_strides, plain_strides
@@ -95,8 +95,12 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
     `leaderboard_tensors` of (5 addresses, K/2, M, L) with ``scale_views``, ``threads`` per block, ``grid(m, l)``
     blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream. ``min_blocks``
     > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas fits its registers to that; its
-    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``; for more than one the DSL asks the driver for the
-    SM's shared memory, which `compile_artifact` answers where there is no GPU)."""
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``).
+
+    For more than one resident block every CuTe DSL release asks the driver for the SM's shared memory, to choose
+    the launch's shared-memory carveout. Where there is no GPU to ask, the answer is an H200's and a B200's, 228 KB:
+    a host setting of a function that cannot run there, in neither the PTX nor the cubin, which are what a compile
+    without a GPU is for."""
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
@@ -104,7 +108,10 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
         kernel(a, b, sfa, sfb, c).launch(grid=grid(m, l), block=[threads, 1, 1], stream=stream,
                                          min_blocks_per_mp=min_blocks)
 
-    return compile_launch(launch, [Int64(0)] * 5 + [Int32(example_kh)] + [Int32(1)] * 2, arch, options, tvm_ffi)
+    no_driver = min_blocks > 1 and cute_arch() is None  # the DSL asks the driver a question, and there is none
+    with (unittest.mock.patch("cutlass.cutlass_dsl.cutlass.cuda_helpers.get_device_attribute",
+                              lambda attribute, *args: 233472) if no_driver else contextlib.nullcontext()):
+        return compile_launch(launch, [Int64(0)] * 5 + [Int32(example_kh)] + [Int32(1)] * 2, arch, options, tvm_ffi)
 
 
 @functools.cache
@@ -115,36 +122,6 @@ def compiled_kernel(cfg, arch: str, k: int | None, tvm_ffi: bool):
     return cfg.compile(arch, k, tvm_ffi=tvm_ffi)
 
 
-SM_SHARED_MEMORY = {"sm_90a": 233472, "sm_100a": 233472}
-"""Bytes of shared memory per SM (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR) of the H100/H200 and
-B200: 228 KB."""
-
-
-@contextlib.contextmanager
-def _sm_shared_memory_without_a_gpu(arch: str):
-    """For a kernel with more than one resident block per SM (``min_blocks``), every CuTe DSL release asks the
-    driver for the SM's shared memory, to choose the launch's shared-memory carveout: a host setting, not in the
-    PTX or the cubin. Where there is no GPU to ask, the question is answered with `arch`'s, while compiling (a
-    target whose answer is not known here is refused, naming it)."""
-    helpers = getattr(sys.modules.get("cutlass.cutlass_dsl.cutlass"), "cuda_helpers", None)
-    if cute_arch() is not None or helpers is None:
-        yield
-        return
-
-    def answer(attribute, *args):
-        if arch not in SM_SHARED_MEMORY:
-            raise ValueError(f"arch: expected one of {', '.join(SM_SHARED_MEMORY)} to compile a kernel with resident "
-                             f"blocks (min_blocks_per_sm) without a GPU, got {arch!r}")
-        return SM_SHARED_MEMORY[arch]
-
-    asked = helpers.get_device_attribute
-    helpers.get_device_attribute = answer
-    try:
-        yield
-    finally:
-        helpers.get_device_attribute = asked
-
-
 def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
     """What a compile of ``cfg``'s kernel for ``arch`` (at K ``k`` where it compiles per K) writes to its dump
     folder: the PTX text (``kind`` "ptx") or the machine code (``kind`` "cubin", as bytes); no GPU needed. Read
@@ -152,7 +129,7 @@ def compile_artifact(cfg, arch: str, k: int | None, kind: str) -> str | bytes:
     which raises on a machine without a CUDA driver: there the artifact is kept, and the error only if none was
     written."""
     require_dsl()
-    with tempfile.TemporaryDirectory() as tmp, _sm_shared_memory_without_a_gpu(arch):
+    with tempfile.TemporaryDirectory() as tmp:
         try:
             cfg.compile(arch, k, options=f"--keep-{kind} --dump-dir {tmp}")
         except Exception:

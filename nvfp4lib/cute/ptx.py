@@ -179,9 +179,10 @@ def st_shared(addr, values, *, loc=None, ip=None):
 @dsl_user_op
 def ld_shared(addr, dtype, n: int = 1, *, loc=None, ip=None):
     """Load ``n`` (1, 2 or 4) 32-bit values of ``dtype`` (``Int32`` or ``Float32``) from shared memory at
-    ``addr`` (aligned to their size) with one ``ld.shared``: one value, or a tuple."""
-    return inline_ptx(f"ld.shared{_VECTOR[n]}.b32 {_register_list('w', 0, n)}, [{{$r0}}];",
-                      write_only_types=[dtype] * n, read_only_args=[Int32(addr)], loc=loc, ip=ip)
+    ``addr`` (aligned to their size) with one ``ld.shared``: a tuple of them."""
+    values = inline_ptx(f"ld.shared{_VECTOR[n]}.b32 {_register_list('w', 0, n)}, [{{$r0}}];",
+                        write_only_types=[dtype] * n, read_only_args=[Int32(addr)], loc=loc, ip=ip)
+    return values if n > 1 else (values,)
 
 
 warp_word_offset = fixed_op("{ .reg .b32 w;\n shr.u32 w, {$r0}, 5;\n shl.b32 {$w0}, w, 2; }", [Int32], [Int32])

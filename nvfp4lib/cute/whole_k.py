@@ -106,19 +106,17 @@ class WholeKConfig:
 
 
 class WholeKPlan(NamedTuple):
-    """The launch shape of one K (`plan_for`): ``rows_per_block`` rows per block in ``row_slots`` slots of
-    ``threads_per_row`` threads; thread t of a slot loads chunks t + i * threads_per_row (i < chunks_per_thread)
+    """The launch shape of one K (`plan_for`): ``rows_per_block`` rows per block in slots of ``threads_per_row``
+    threads (``threads`` in all); thread t of a slot loads chunks t + i * threads_per_row (i < chunks_per_thread)
     of each of its ``rows_per_thread`` rows. ``partial[i]``: chunk i is past the row's end for some threads."""
 
     k: int
     n_chunks: int  # 16-byte chunks per row
     rows_per_block: int
     rows_per_thread: int
-    row_slots: int
     threads_per_row: int
     chunks_per_thread: int
     threads: int
-    warps_per_row: int
     partial: tuple[bool, ...]
 
 
@@ -134,9 +132,9 @@ def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
                               f"threads holding {cfg.chunks_per_thread} chunks each ({MAX_THREADS} threads per "
                               f"block), got K = {k}")
     chunks = -(-n_chunks // threads_per_row)
-    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, cfg.row_slots,
-                      threads_per_row, chunks, cfg.row_slots * threads_per_row, threads_per_row // 32,
-                      tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks)))
+    partial = tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks))
+    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, threads_per_row, chunks,
+                      cfg.row_slots * threads_per_row, partial)
 
 
 # --------------------------------------------------------------------------- block sums
@@ -184,9 +182,9 @@ def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero, decode_b=d
 
 def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
     """The kernel of one K (``plan``) and FP4 decode, to launch or compile."""
-    P, C, Q, R, WP = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block, \
-        plan.warps_per_row
-    PARTIALS_PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials, 16-byte aligned
+    P, C, Q, R = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block
+    WP = P // 32  # warps per row
+    PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials a shared load reads, aligned
     KH, KS, STEP = plan.k // 2, plan.k // 16, P * CHUNK_BYTES  # bytes of A, of its scales per row; a load's stride
 
     @cute.kernel
@@ -217,9 +215,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
                 a_words.append(ld_global_v4_policy(a_base + (q * KH + i * STEP), read_once, preds[i], cfg.a_load))
                 sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), preds[i], sfa_policy))
 
-        acc = cute.make_rmem_tensor((Q,), Float32)
-        for q in cutlass.range_constexpr(Q):
-            acc[q] = Float32(0.0)
+        acc = [Float32(0.0)] * Q  # the rows' sums
         cfg.sum_rows(acc, plan, decode, (b_words, sfb_pairs, a_words, sfa_pairs), opaque_zero(m_rows, tidx))
 
         # The row's warps meet in shared memory (explicit instructions); one thread per row adds them in order.
@@ -232,10 +228,7 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
         cute.arch.sync_threads()
         if tidx < R:
             row = partials + tidx * (WP * 4)
-            parts = []
-            for w in cutlass.range_constexpr(0, WP, PARTIALS_PER_LOAD):
-                loaded = ld_shared(row + w * 4, Float32, PARTIALS_PER_LOAD)
-                parts.extend([loaded] if PARTIALS_PER_LOAD == 1 else loaded)
+            parts = [p for w in range(0, WP, PER_LOAD) for p in ld_shared(row + 4 * w, Float32, PER_LOAD)]
             c[m0 + tidx, 0, batch] = sum(parts[1:], parts[0]).to(Float16)  # ((p0 + p1) + p2) + ...
 
     return kernel
