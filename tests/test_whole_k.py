@@ -122,6 +122,28 @@ def test_a_benchmark_form_loads_a_with_other_qualifiers_and_only_a(arch):
             cute_bench.parse_config(bad)
 
 
+def test_a_benchmark_form_sets_the_shared_memory_carveout_and_nothing_in_the_kernel():
+    """``-cN`` / ``-cd`` (`cute_bench.WholeKQualified.smem_carveout`) launch the core's kernel with a preferred
+    shared-memory carveout, a host setting: the PTX is the config's own; values outside -1..100 and flags the
+    parser does not know are refused, naming them."""
+    from nvfp4lib.cute.gemv import compile_ptx
+
+    def body(text):
+        return "\n".join(line for line in text.splitlines() if not line.startswith("//"))
+
+    for text, core, carveout in (("w2x2x1-c0", "w2x2x1", 0), ("w1x4x1-m5-hints-cd", "w1x4x1-m5-hints", -1),
+                                 ("w2x2x1-loads-c100", "w2x2x1-loads", 100)):
+        cfg, plain = cute_bench.parse_config(text), cute_bench.parse_config(core)
+        assert isinstance(cfg, cute_bench.WholeKQualified) and cfg.smem_carveout == carveout, text
+        assert cute_bench.kernel_name("fast", cfg).split("smem_carveout=")[1].split(",")[0].rstrip("]") == \
+            str(carveout)
+        assert body(compile_ptx("fast", "sm_90a", cfg, 16384)) == body(compile_ptx("fast", "sm_90a", plain, 16384))
+    for bad, message in (("w2x2x1-c101", "smem_carveout: expected -1 .* or a percentage 0 to 100, got 101"),
+                         ("w2x2x1-cx", "unknown flag -cx: expected -loads"), ("w2x2x1-hint", "unknown flag -hint")):
+        with pytest.raises(SystemExit, match=message):
+            cute_bench.parse_config(bad)
+
+
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
     """`gemv.PER_K_DEFAULTS` against its sources: at K = 16384 and 7168 the launch shape is the computing per-K
     config of results/h200_per_k.csv with the least leaderboard time and the least kernel time, faster than the
@@ -164,7 +186,8 @@ def test_a_resident_block_count_sets_the_registers_ptxas_may_use(arch):
     """``min_blocks_per_sm`` N (``-mN``) is the launch's ``.minnctapersm N``: ptxas fits N blocks per SM (its
     ``-maxrregcount`` is ignored for the kernels' ``.reqntid``), so 32 cap the registers and 8 (the default at
     K = 2048, blocks of 128 threads) let it use more than it takes unasked; 0 adds no directive. Compiled also
-    without a GPU, where every CuTe DSL release asks the driver for the SM's shared memory (`launch.compile_gemv_launch` answers it)."""
+    without a GPU, where every CuTe DSL release asks the driver for the SM's shared memory
+    (`launch.compile_gemv_launch` answers it)."""
     from nvfp4lib.cute.gemv import compile_cubin, compile_ptx, default_config
 
     capped, default, unasked = (cute_bench.parse_config("w1x4x1-m32"), default_config(2048),
@@ -358,6 +381,22 @@ def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ on a GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not capabilities().cuda, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("text", ["w2x2x1-c0", "w1x4x1-m5-hints-cd", "w1x4x2-m8-c100"])
+def test_a_kernel_launched_with_a_carveout_still_matches_the_reference_on_gpu(text):
+    """The shared-memory carveout is a host setting: the kernel's results stay exact (CuTe DSL 4.6 or newer)."""
+    from nvfp4lib.cute import gemv
+
+    if cute_bench.carveout_problem():
+        pytest.skip(cute_bench.carveout_problem())
+    for shape in (Shape(256, 16384, 1), Shape(128, 7168, 2), Shape(256, 2048, 3)):
+        data = generate_input(*shape, seed=shape.m + shape.k, mode="full", device="cuda")
+        poison_(data.c)
+        result = check(gemv.gemv_cute(data, "fast", cute_bench.parse_config(text)), data)
+        assert result.ok, (shape, result.message)
 
 
 @pytest.mark.gpu

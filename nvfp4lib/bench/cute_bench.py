@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import re
 import sys
+import unittest.mock
 
 from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
@@ -37,8 +39,10 @@ from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.contract import Shape
 from nvfp4lib.cute.gemv import CuteGemv
 from nvfp4lib.cute.decode import block_dot, decode_b_word, decode_word_bitops
+from nvfp4lib.cute import whole_k
+from nvfp4lib.cute.launch import compile_gemv_launch
 from nvfp4lib.cute.whole_k import WholeKConfig, accumulate_rows
-from nvfp4lib.device import capabilities, missing
+from nvfp4lib.device import capabilities, installed_cute_dsl_version, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
 from nvfp4lib.study.generic_kernels import FastConfig, TiledConfig, generic_config, loads_xor
 
@@ -160,17 +164,46 @@ def check_all(kernels, shapes, seed: int, device: str = "cuda") -> bool:
 # `sum_rows`.
 
 
+def carveout_problem() -> str | None:
+    """Why the installed CuTe DSL cannot launch a kernel with a preferred shared-memory carveout, or None."""
+    import cutlass
+    from cutlass.base_dsl.dsl import BaseDSL
+
+    if "preferred_smem_carveout" in {field.name for field in dataclasses.fields(BaseDSL.LaunchConfig)}:
+        return None
+    return (f"needs the launch option preferred_smem_carveout (CuTe DSL 4.6 or newer), which CuTe DSL "
+            f"{installed_cute_dsl_version(cutlass)} does not have")
+
+
 @dataclasses.dataclass(frozen=True)
 class WholeKQualified(WholeKConfig):
     """The per-K kernel with other PTX qualifiers for its A loads (``:QUALIFIERS``, before their L2 evict_first
-    policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate'."""
+    policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate'; or launched with a
+    preferred shared-memory carveout (``-cN``: N % of the SM's 228 KB for shared memory, the rest L1; ``-cd``: -1,
+    the driver's default), a host setting that is in neither the PTX nor the cubin. Without it the DSL chooses one
+    for a kernel with more than one resident block (`WholeKConfig.min_blocks_per_sm`), the driver for the others."""
 
     a_load: str = WholeKConfig.a_load
+    smem_carveout: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
         if not isinstance(self.a_load, str) or not re.fullmatch(r"(\.[A-Za-z0-9_]+(::[A-Za-z0-9_]+)?)*", self.a_load):
             raise ValueError(f"a_load: expected PTX qualifiers such as '.L1::evict_first', got {self.a_load!r}")
+        if self.smem_carveout is not None and (type(self.smem_carveout) is not int or
+                                               not -1 <= self.smem_carveout <= 100):
+            raise ValueError(f"smem_carveout: expected -1 (the driver's default) or a percentage 0 to 100, got "
+                             f"{self.smem_carveout!r}")
+
+    def compile(self, arch, k, options="", tvm_ffi=None):
+        """The core's compile (`WholeKConfig.compile`), its launch given the carveout where one is set."""
+        if self.smem_carveout is None:
+            return super().compile(arch, k, options, tvm_ffi)
+        if carveout_problem():
+            raise RuntimeError(f"smem_carveout: {carveout_problem()}")
+        carved = functools.partial(compile_gemv_launch, preferred_smem_carveout=self.smem_carveout)
+        with unittest.mock.patch.object(whole_k, "compile_gemv_launch", carved):
+            return super().compile(arch, k, options, tvm_ffi)
 
 
 class WholeKLoadsOnly(WholeKQualified):
@@ -208,22 +241,30 @@ def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
 
 
 def parse_whole_k_config(text: str) -> WholeKConfig:
-    """'wCxQxS[-loads][-DECODE][-mN][-hints][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C, rows_per_thread=Q,
-    row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its loads alone
-    (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`), -hints
-    loads the scales under their operand's L2 policy (`WholeKConfig.scale_hints`), :QUALIFIERS sets the PTX
-    qualifiers of the A loads (`WholeKQualified`), e.g. ':.L1::evict_first'."""
+    """'wCxQxS[-loads][-DECODE][-mN][-hints][-cN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C,
+    rows_per_thread=Q, row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its
+    loads alone (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`),
+    -hints loads the scales under their operand's L2 policy (`WholeKConfig.scale_hints`), -cN (or -cd) launches it
+    with a shared-memory carveout and :QUALIFIERS sets the PTX qualifiers of the A loads (both `WholeKQualified`),
+    e.g. ':.L1::evict_first'."""
     try:
         spec, _, a_load = text.partition(":")
         flags = spec.split("-")
         chunks, rows, slots = (int(v) for v in flags[0][1:].lower().split("x"))
         decode = [f for f in flags[1:] if f in ("lut", "bitops", "hw")]
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
+        carveouts = [-1 if f == "cd" else int(f[1:]) for f in flags[1:] if f == "cd" or re.fullmatch(r"c\d+", f)]
+        unknown = [f for f in flags[1:] if f not in ("loads", "lut", "bitops", "hw", "hints", "cd")
+                   and not re.fullmatch(r"[mc]\d+", f)]
+        if unknown:
+            raise ValueError(f"unknown flag -{unknown[0]}: expected -loads, -lut, -bitops, -hw, -mN, -hints, -cN or "
+                             "-cd")
+        qualified = {"a_load": a_load} if a_load else {}
+        qualified |= {"smem_carveout": carveouts[-1]} if carveouts else {}
         kind = (WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode
-                else WholeKQualified if a_load else WholeKConfig)
+                else WholeKQualified if qualified else WholeKConfig)
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
-                    min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags,
-                    **({"a_load": a_load} if a_load else {}))
+                    min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags, **qualified)
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

@@ -90,12 +90,13 @@ def compile_launch(launch, example_args, arch: str | None = None, options: str =
 
 
 def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | None, options: str = "",
-                        tvm_ffi: bool | None = None, example_kh: int = 1, min_blocks: int = 0):
+                        tvm_ffi: bool | None = None, example_kh: int = 1, min_blocks: int = 0, **launch_options):
     """`compile_launch` of the launch every GEMV kernel has: ``kernel(a, b, sfa, sfb, c)`` on the
     `leaderboard_tensors` of (5 addresses, K/2, M, L) with ``scale_views``, ``threads`` per block, ``grid(m, l)``
     blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream. ``min_blocks``
     > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas fits its registers to that; its
-    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``).
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``). ``launch_options``: more of the DSL's ``launch``
+    options (a benchmark's form sets ``preferred_smem_carveout``).
 
     For more than one resident block every CuTe DSL release asks the driver for the SM's shared memory, to choose
     the launch's shared-memory carveout. Where there is no GPU to ask, the answer is an H200's and a B200's, 228 KB:
@@ -106,7 +107,7 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
                stream):
         a, b, sfa, sfb, c = leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, scale_views)
         kernel(a, b, sfa, sfb, c).launch(grid=grid(m, l), block=[threads, 1, 1], stream=stream,
-                                         min_blocks_per_mp=min_blocks)
+                                         min_blocks_per_mp=min_blocks, **launch_options)
 
     no_driver = min_blocks > 1 and cute_arch() is None  # the DSL asks the driver a question, and there is none
     with (unittest.mock.patch("cutlass.cutlass_dsl.cutlass.cuda_helpers.get_device_attribute",
