@@ -199,8 +199,9 @@ class WholeKQualified(WholeKConfig):
         """The core's compile (`WholeKConfig.compile`), its launch given the carveout where one is set."""
         if self.smem_carveout is None:
             return super().compile(arch, k, options, tvm_ffi)
-        if carveout_problem():
-            raise RuntimeError(f"smem_carveout: {carveout_problem()}")
+        problem = carveout_problem()
+        if problem:
+            raise RuntimeError(f"smem_carveout: {problem}")
         carved = functools.partial(compile_gemv_launch, preferred_smem_carveout=self.smem_carveout)
         with unittest.mock.patch.object(whole_k, "compile_gemv_launch", carved):
             return super().compile(arch, k, options, tvm_ffi)
