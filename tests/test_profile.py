@@ -130,6 +130,7 @@ def test_find_profile_prefers_this_device_then_a_committed_one(tmp_path, monkeyp
     assert profile.find_profile("b200") is None
     (tmp_path / "h200_profile.csv").write_text("x")
     (tmp_path / "h200.csv").write_text("x")  # the benchmark CSV: not a profile
+    (tmp_path / "a100_carveout_profile.csv").write_text("x")  # one experiment's counters, first by name
     assert profile.find_profile("b200") == tmp_path / "h200_profile.csv"
     (tmp_path / "b200_profile.csv").write_text("x")
     assert profile.find_profile("b200") == tmp_path / "b200_profile.csv"

@@ -386,6 +386,7 @@ def test_find_results_prefers_this_device_then_committed(tmp_path, monkeypatch):
     (bench / "cpu.csv").write_text("x")
     assert bench_report.find_results("cpu") is None, "CPU timings are never shown as results"
     (results / "h200.csv").write_text("x")
+    (results / "a100_carveout.csv").write_text("x")  # one experiment's CSV, first by name: never the whole run
     assert bench_report.find_results("cpu") == results / "h200.csv"
     assert bench_report.find_results("b200") == results / "h200.csv"
     (bench / "h200.csv").write_text("x")

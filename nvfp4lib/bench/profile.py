@@ -29,7 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nvfp4lib.bench.report import PROFILE_SUFFIX, context_fields, device_slug, load_results, write_csv
+from nvfp4lib.bench.report import (PROFILE_SUFFIX, context_fields, device_slug, is_device_run, load_results,
+                                   write_csv)
 from nvfp4lib.device import capabilities
 from nvfp4lib.locations import RESULTS_DIR
 from nvfp4lib.problem import BENCHMARK_SHAPES, Shape
@@ -151,8 +152,9 @@ def load_profile(path) -> list[dict]:
 
 def find_profile(slug: str | None = None) -> Path | None:
     """The profile for a notebook: this device's `make profile` output (`output_path`), else a committed
-    results/*_profile.csv; None if there is none."""
-    candidates = [output_path(None, slug), *sorted(RESULTS_DIR.glob(f"*{PROFILE_SUFFIX}.csv"))]
+    results/<device>_profile.csv (`report.is_device_run`); None if there is none."""
+    committed = sorted(p for p in RESULTS_DIR.glob(f"*{PROFILE_SUFFIX}.csv") if is_device_run(p, PROFILE_SUFFIX))
+    candidates = [output_path(None, slug), *committed]
     return next((p for p in candidates if p.is_file()), None)
 
 

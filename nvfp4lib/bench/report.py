@@ -129,15 +129,23 @@ def committed_results() -> list[Path]:
     return sorted(p for p in RESULTS_DIR.glob("*.csv") if not p.stem.endswith(PROFILE_SUFFIX))
 
 
+def is_device_run(path: Path, suffix: str = "") -> bool:
+    """Whether `path` is results/<device><suffix>.csv (a `device_slug`): one device's whole run (`make bench`;
+    `make profile` with PROFILE_SUFFIX), not the CSV of one experiment beside it (results/<device>_<what>.csv),
+    which a notebook must never take for the whole run."""
+    device = path.stem[:len(path.stem) - len(suffix)]
+    return path.stem.endswith(suffix) and re.fullmatch(r"[a-z0-9-]+", device) is not None
+
+
 def find_results(slug: str | None = None) -> Path | None:
     """The best results CSV for a notebook: this device's `make bench` output, else a committed
-    results/<device>.csv for it, else any committed results CSV; None if there is none.
+    results/<device>.csv for it, else another device's (`is_device_run`); None if there is none.
     A CPU run's CSV is never chosen: its timings are not meaningful."""
     slug = slug or device_slug()
     candidates = []
     if slug != "cpu":
         candidates += [BENCH_DIR / f"{slug}.csv", RESULTS_DIR / f"{slug}.csv"]
-    candidates += [p for p in committed_results() if p.stem != "cpu"]
+    candidates += [p for p in committed_results() if is_device_run(p) and p.stem != "cpu"]
     return next((p for p in candidates if p.is_file()), None)
 
 
