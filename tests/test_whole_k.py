@@ -131,17 +131,31 @@ def test_a_benchmark_form_sets_the_shared_memory_carveout_and_nothing_in_the_ker
     def body(text):
         return "\n".join(line for line in text.splitlines() if not line.startswith("//"))
 
-    for text, core, carveout in (("w2x2x1-c0", "w2x2x1", 0), ("w1x4x1-m5-hints-cd", "w1x4x1-m5-hints", -1),
-                                 ("w2x2x1-loads-c100", "w2x2x1-loads", 100)):
+    for text, core, field, value in (("w2x2x1-c0", "w2x2x1", "smem_carveout", 0),
+                                     ("w1x4x1-m5-hints-cd", "w1x4x1-m5-hints", "smem_carveout", -1),
+                                     ("w2x2x1-loads-c100", "w2x2x1-loads", "smem_carveout", 100),
+                                     ("w2x2x1-hints-s3", "w2x2x1-hints", "smem_blocks", 3),
+                                     ("w2x2x1-loads-s8", "w2x2x1-loads", "smem_blocks", 8)):
         cfg, plain = cute_bench.parse_config(text), cute_bench.parse_config(core)
-        assert isinstance(cfg, cute_bench.WholeKQualified) and cfg.smem_carveout == carveout, text
-        assert cute_bench.kernel_name("fast", cfg).split("smem_carveout=")[1].split(",")[0].rstrip("]") == \
-            str(carveout)
+        assert isinstance(cfg, cute_bench.WholeKQualified) and getattr(cfg, field) == value, text
+        assert cute_bench.kernel_name("fast", cfg).split(f"{field}=")[1].split(",")[0].rstrip("]") == str(value)
         assert body(compile_ptx("fast", "sm_90a", cfg, 16384)) == body(compile_ptx("fast", "sm_90a", plain, 16384))
     for bad, message in (("w2x2x1-c101", "smem_carveout: expected -1 .* or a percentage 0 to 100, got 101"),
+                         ("w2x2x1-s0", "smem_blocks: expected 1 to 8 blocks per SM, got 0"),
+                         ("w2x2x1-s9", "smem_blocks: expected 1 to 8 blocks per SM, got 9"),
                          ("w2x2x1-cx", "unknown flag -cx: expected -loads"), ("w2x2x1-hint", "unknown flag -hint")):
         with pytest.raises(SystemExit, match=message):
             cute_bench.parse_config(bad)
+
+
+@pytest.mark.parametrize("blocks", range(1, cute_bench.MAX_CAPPED_BLOCKS + 1))
+def test_the_capping_shared_memory_fits_that_many_blocks_an_sm_and_not_one_more(blocks):
+    """``-sN`` reserves `capping_smem_bytes(N)` of dynamic shared memory a block (the kernel's own partials inside
+    it): with the 1 KB the system reserves for each block, N blocks fit an SM's 228 KB and N + 1 do not, and no
+    block asks more than the 227 KB one block may have."""
+    per_block = cute_bench.capping_smem_bytes(blocks) + 1024
+    assert blocks * per_block <= cute_bench.SM_SHARED_MEMORY < (blocks + 1) * per_block
+    assert per_block - 1024 <= 227 * 1024
 
 
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
@@ -385,12 +399,14 @@ def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not capabilities().cuda, reason="needs a CUDA GPU")
-@pytest.mark.parametrize("text", ["w2x2x1-c0", "w1x4x1-m5-hints-cd", "w1x4x2-m8-c100"])
-def test_a_kernel_launched_with_a_carveout_still_matches_the_reference_on_gpu(text):
-    """The shared-memory carveout is a host setting: the kernel's results stay exact (CuTe DSL 4.6 or newer)."""
+@pytest.mark.parametrize("text", ["w2x2x1-c0", "w1x4x1-m5-hints-cd", "w1x4x2-m8-c100", "w2x2x1-hints-s3",
+                                  "w1x4x2-m8-s2"])
+def test_a_kernel_launched_with_a_carveout_or_a_block_cap_still_matches_the_reference_on_gpu(text):
+    """The shared-memory carveout (CuTe DSL 4.6 or newer) and the cap on resident blocks are host settings: the
+    kernel's results stay exact."""
     from nvfp4lib.cute import gemv
 
-    if cute_bench.carveout_problem():
+    if "-c" in text and cute_bench.carveout_problem():
         pytest.skip(cute_bench.carveout_problem())
     for shape in (Shape(256, 16384, 1), Shape(128, 7168, 2), Shape(256, 2048, 3)):
         data = generate_input(*shape, seed=shape.m + shape.k, mode="full", device="cuda")
