@@ -194,7 +194,8 @@ class WholeKQualified(WholeKConfig):
     `capping_smem_bytes` of dynamic shared memory), host settings that are in neither the PTX nor the cubin. Without
     a carveout the DSL chooses one for a kernel with more than one resident block (`WholeKConfig.min_blocks_per_sm`),
     the driver for the others. Unlike ``-mN`` (which ptxas answers with more registers and another schedule), ``-sN``
-    changes the occupancy alone."""
+    keeps the machine code: it changes the occupancy and, its blocks taking nearly all of the SM's shared memory, leaves
+    the L1 its smallest share, as ``-c100`` does."""
 
     a_load: str = WholeKConfig.a_load
     smem_carveout: int | None = None
