@@ -180,8 +180,9 @@ MAX_CAPPED_BLOCKS = 8  # above this the rounding of `capping_smem_bytes` may let
 
 
 def capping_smem_bytes(blocks: int) -> int:
-    """The dynamic shared memory a block reserves (its own row partials inside) so that at most ``blocks`` of them
-    fit an SM's 228 KB, each also taking the 1 KB the system reserves for a block; 1 KB to spare."""
+    """The dynamic shared memory a block reserves so that at most ``blocks`` of them fit an SM's 228 KB, each also
+    taking the 1 KB the system reserves for a block and the per-K kernels' 1 KB of static shared memory (cuobjdump
+    -res-usage: SHARED:1024): N blocks fill the 228 KB exactly, N + 1 do not fit."""
     return (SM_SHARED_MEMORY // blocks - 2048) // 1024 * 1024
 
 
