@@ -122,10 +122,11 @@ def test_a_benchmark_form_loads_a_with_other_qualifiers_and_only_a(arch):
             cute_bench.parse_config(bad)
 
 
-def test_a_benchmark_form_sets_the_shared_memory_carveout_and_nothing_in_the_kernel():
+def test_a_carveout_or_a_block_cap_sets_the_launch_and_nothing_in_the_kernel():
     """``-cN`` / ``-cd`` (`cute_bench.WholeKQualified.smem_carveout`) launch the core's kernel with a preferred
-    shared-memory carveout, a host setting: the PTX is the config's own; values outside -1..100 and flags the
-    parser does not know are refused, naming them."""
+    shared-memory carveout, ``-sN`` (`WholeKConfig.max_blocks_per_sm`) with at most N blocks resident per SM, host
+    settings: the PTX is the config's own; values out of range and flags the parser does not know are refused,
+    naming them."""
     from nvfp4lib.cute.gemv import compile_ptx
 
     def body(text):
@@ -134,28 +135,29 @@ def test_a_benchmark_form_sets_the_shared_memory_carveout_and_nothing_in_the_ker
     for text, core, field, value in (("w2x2x1-c0", "w2x2x1", "smem_carveout", 0),
                                      ("w1x4x1-m5-hints-cd", "w1x4x1-m5-hints", "smem_carveout", -1),
                                      ("w2x2x1-loads-c100", "w2x2x1-loads", "smem_carveout", 100),
-                                     ("w2x2x1-hints-s3", "w2x2x1-hints", "smem_blocks", 3),
-                                     ("w2x2x1-loads-s8", "w2x2x1-loads", "smem_blocks", 8)):
+                                     ("w2x2x1-hints-s3", "w2x2x1-hints", "max_blocks_per_sm", 3),
+                                     ("w2x2x1-loads-s8", "w2x2x1-loads", "max_blocks_per_sm", 8)):
         cfg, plain = cute_bench.parse_config(text), cute_bench.parse_config(core)
-        assert isinstance(cfg, cute_bench.WholeKQualified) and getattr(cfg, field) == value, text
+        assert type(cfg) is type(plain) if field == "max_blocks_per_sm" else isinstance(cfg, cute_bench.WholeKQualified)
+        assert getattr(cfg, field) == value and cfg != plain, text
         assert cute_bench.kernel_name("fast", cfg).split(f"{field}=")[1].split(",")[0].rstrip("]") == str(value)
         assert body(compile_ptx("fast", "sm_90a", cfg, 16384)) == body(compile_ptx("fast", "sm_90a", plain, 16384))
     for bad, message in (("w2x2x1-c101", "smem_carveout: expected -1 .* or a percentage 0 to 100, got 101"),
-                         ("w2x2x1-s0", "smem_blocks: expected 1 to 8 blocks per SM, got 0"),
-                         ("w2x2x1-s9", "smem_blocks: expected 1 to 8 blocks per SM, got 9"),
+                         ("w2x2x1-s9", "max_blocks_per_sm: expected 0 to 8, got 9"),
                          ("w2x2x1-cx", "unknown flag -cx: expected -loads"), ("w2x2x1-hint", "unknown flag -hint")):
         with pytest.raises(SystemExit, match=message):
             cute_bench.parse_config(bad)
 
 
-@pytest.mark.parametrize("blocks", range(1, cute_bench.MAX_CAPPED_BLOCKS + 1))
+@pytest.mark.parametrize("blocks", range(1, 9))
 def test_the_capping_shared_memory_fits_that_many_blocks_an_sm_and_not_one_more(blocks):
-    """``-sN`` reserves `capping_smem_bytes(N)` of dynamic shared memory a block: with the 1 KB the system reserves
-    for each block and the kernels' 1 KB of static shared memory, N blocks fit an SM's 228 KB and N + 1 do not, and
-    no block asks more than the 227 KB one block may have."""
-    per_block = cute_bench.capping_smem_bytes(blocks) + 1024 + 1024
-    assert blocks * per_block <= cute_bench.SM_SHARED_MEMORY < (blocks + 1) * per_block
+    """A cap of N (``max_blocks_per_sm``) reserves `reserved_smem` bytes of dynamic shared memory a block: with the
+    1 KB the system reserves for each block and the kernels' 1 KB of static shared memory, N blocks fit an SM's 228 KB
+    and N + 1 do not, and no block asks more than the 227 KB one block may have."""
+    per_block = WholeKConfig(max_blocks_per_sm=blocks).reserved_smem() + 1024 + 1024
+    assert blocks * per_block <= 228 * 1024 < (blocks + 1) * per_block
     assert per_block - 1024 <= 227 * 1024
+    assert WholeKConfig().reserved_smem() is None
 
 
 def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
@@ -164,7 +166,7 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
     fast kernel's default there (K = 2048's two row slots were not among them); and in the recorded run,
     results/h200_kernel_vs_read.csv, under each of its CuTe DSL releases (two at least), the default took less
     leaderboard time at its K than every other per-K config timed there, the default with its scale hints
-    switched among them."""
+    switched and the default without its cap on resident blocks among them."""
     from nvfp4lib.cute import gemv
 
     with open("results/h200_per_k.csv", newline="") as f:
@@ -172,7 +174,7 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
     with open("results/h200_kernel_vs_read.csv", newline="") as f:
         recorded = [r for r in csv.DictReader(f) if r["status"] == "ok"]
     for k in (16384, 7168):
-        shape = dataclasses.replace(gemv.PER_K_DEFAULTS[k], min_blocks_per_sm=0, scale_hints=False)
+        shape = dataclasses.replace(gemv.PER_K_DEFAULTS[k], min_blocks_per_sm=0, scale_hints=False, max_blocks_per_sm=0)
         per_k = [r for r in rows if r["path"].startswith("cute_wholek[") and int(r["k"]) == k
                  and "compute=False" not in r["path"]]
         assert len(per_k) == 5, k  # the computing configs of nvfp4lib.bench.profile.PER_K
@@ -186,11 +188,12 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
         releases = {r["env_cute_dsl"] for r in at_k}
         assert len(releases) >= 2, (k, releases)
         switched = cute_bench.kernel_name("fast", dataclasses.replace(cfg, scale_hints=not cfg.scale_hints))
+        uncapped = cute_bench.kernel_name("fast", dataclasses.replace(cfg, max_blocks_per_sm=0))
         for release in releases:
             timed = [r for r in at_k if r["env_cute_dsl"] == release]
             default = next(r for r in timed if r["path"] == "cute_fast")
             others = [r for r in timed if r["path"].startswith("cute_wholek[")]
-            assert switched in {r["path"] for r in others}, (k, release)
+            assert {switched, uncapped} <= {r["path"] for r in others}, (k, release)
             for r in others:
                 assert float(default["leaderboard_us"]) < float(r["leaderboard_us"]), (k, release, r["path"])
 
@@ -198,22 +201,21 @@ def test_the_default_per_k_kernels_are_the_fastest_measured_on_the_h200():
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_a_resident_block_count_sets_the_registers_ptxas_may_use(arch):
     """``min_blocks_per_sm`` N (``-mN``) is the launch's ``.minnctapersm N``: ptxas fits N blocks per SM (its
-    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``), so 32 cap the registers and 8 (the default at
-    K = 2048, blocks of 128 threads) let it use more than it takes unasked; 0 adds no directive. Compiled also
-    without a GPU, where every CuTe DSL release asks the driver for the SM's shared memory
-    (`launch.compile_gemv_launch` answers it)."""
-    from nvfp4lib.cute.gemv import compile_cubin, compile_ptx, default_config
+    ``-maxrregcount`` is ignored for the kernels' ``.reqntid``), so 32 cap the registers and 8 (at K = 2048, blocks
+    of 128 threads) let it use more than it takes unasked; 0 adds no directive. Compiled also without a GPU, where
+    every CuTe DSL release asks the driver for the SM's shared memory (`launch.compile_gemv_launch` answers it)."""
+    from nvfp4lib.cute.gemv import compile_cubin, compile_ptx
 
-    capped, default, unasked = (cute_bench.parse_config("w1x4x1-m32"), default_config(2048),
-                                WholeKConfig(chunks_per_thread=1, row_slots=2))
+    capped, eight, unasked = (cute_bench.parse_config("w1x4x1-m32"), cute_bench.parse_config("w1x4x2-m8"),
+                              WholeKConfig(chunks_per_thread=1, row_slots=2))
     assert cute_bench.kernel_name("fast", capped) == "cute_wholek[chunks_per_thread=1,min_blocks_per_sm=32]"
-    assert default == dataclasses.replace(unasked, min_blocks_per_sm=8)  # 128 threads a block
-    for cfg, directive in ((capped, ".minnctapersm 32"), (default, ".minnctapersm 8\n"), (unasked, None)):
+    assert eight == dataclasses.replace(unasked, min_blocks_per_sm=8)  # 128 threads a block
+    for cfg, directive in ((capped, ".minnctapersm 32"), (eight, ".minnctapersm 8\n"), (unasked, None)):
         text = compile_ptx("fast", arch, cfg, 2048)
         assert (directive in text) if directive else "minnctapersm" not in text, (cfg, arch)
     registers = {cfg: ptx_reading.cubin_resources(compile_cubin("fast", arch, cfg, 2048))["registers"]
-                 for cfg in (capped, default, unasked)}
-    assert registers[capped] <= 65536 // (32 * 64) < registers[unasked] < registers[default] <= 65536 // (8 * 128), \
+                 for cfg in (capped, eight, unasked)}
+    assert registers[capped] <= 65536 // (32 * 64) < registers[unasked] < registers[eight] <= 65536 // (8 * 128), \
         registers
     for bad in ("w1x4x1-m33", "w2x2x1-loads-m40"):
         with pytest.raises(SystemExit, match=r"min_blocks_per_sm: expected 0 to 32, got \d+"):

@@ -175,32 +175,17 @@ def carveout_problem() -> str | None:
             f"{installed_cute_dsl_version(cutlass)} does not have")
 
 
-SM_SHARED_MEMORY = 233472  # bytes of shared memory an SM of an H100, H200 or B200 can give its blocks (228 KB)
-MAX_CAPPED_BLOCKS = 8  # above this the rounding of `capping_smem_bytes` may let one block more fit
-
-
-def capping_smem_bytes(blocks: int) -> int:
-    """The dynamic shared memory a block reserves so that at most ``blocks`` of them fit an SM's 228 KB, each also
-    taking the 1 KB the system reserves for a block and the per-K kernels' 1 KB of static shared memory (cuobjdump
-    -res-usage: SHARED:1024): N blocks fill the 228 KB exactly, N + 1 do not fit."""
-    return (SM_SHARED_MEMORY // blocks - 2048) // 1024 * 1024
-
-
 @dataclasses.dataclass(frozen=True)
 class WholeKQualified(WholeKConfig):
     """The per-K kernel with other PTX qualifiers for its A loads (``:QUALIFIERS``, before their L2 evict_first
     policy), e.g. '.L1::evict_first' (the best read's) for the core's '.nc.L1::no_allocate'; or launched with a
     preferred shared-memory carveout (``-cN``: N % of the SM's 228 KB for shared memory, the rest L1; ``-cd``: -1,
-    the driver's default), or with at most ``smem_blocks`` blocks resident per SM (``-sN``: each block reserves
-    `capping_smem_bytes` of dynamic shared memory), host settings that are in neither the PTX nor the cubin. Without
-    a carveout the DSL chooses one for a kernel with more than one resident block (`WholeKConfig.min_blocks_per_sm`),
-    the driver for the others. Unlike ``-mN`` (which ptxas answers with more registers and another schedule), ``-sN``
-    keeps the machine code: it changes the occupancy and, its blocks taking nearly all of the SM's shared memory, leaves
-    the L1 its smallest share, as ``-c100`` does."""
+    the driver's default), a host setting that is in neither the PTX nor the cubin. Without a carveout the DSL
+    chooses one for a kernel with more than one resident block (`WholeKConfig.min_blocks_per_sm`), the driver for
+    the others."""
 
     a_load: str = WholeKConfig.a_load
     smem_carveout: int | None = None
-    smem_blocks: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -210,24 +195,15 @@ class WholeKQualified(WholeKConfig):
                                                not -1 <= self.smem_carveout <= 100):
             raise ValueError(f"smem_carveout: expected -1 (the driver's default) or a percentage 0 to 100, got "
                              f"{self.smem_carveout!r}")
-        if self.smem_blocks is not None and (type(self.smem_blocks) is not int or
-                                             not 1 <= self.smem_blocks <= MAX_CAPPED_BLOCKS):
-            raise ValueError(f"smem_blocks: expected 1 to {MAX_CAPPED_BLOCKS} blocks per SM, got {self.smem_blocks!r}")
-
-    def launch_options(self) -> dict:
-        """The DSL ``launch`` options this form sets (none: the core's launch)."""
-        options = {} if self.smem_carveout is None else {"preferred_smem_carveout": self.smem_carveout}
-        return options | ({} if self.smem_blocks is None else {"smem": capping_smem_bytes(self.smem_blocks)})
 
     def compile(self, arch, k, options="", tvm_ffi=None):
-        """The core's compile (`WholeKConfig.compile`), its launch given this form's `launch_options`."""
-        launch_options = self.launch_options()
-        if not launch_options:
+        """The core's compile (`WholeKConfig.compile`), launched with this form's carveout if it has one."""
+        if self.smem_carveout is None:
             return super().compile(arch, k, options, tvm_ffi)
-        problem = carveout_problem() if self.smem_carveout is not None else None
+        problem = carveout_problem()
         if problem:
             raise RuntimeError(f"smem_carveout: {problem}")
-        launched = functools.partial(compile_gemv_launch, **launch_options)
+        launched = functools.partial(compile_gemv_launch, preferred_smem_carveout=self.smem_carveout)
         with unittest.mock.patch.object(whole_k, "compile_gemv_launch", launched):
             return super().compile(arch, k, options, tvm_ffi)
 
@@ -270,9 +246,9 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
     """'wCxQxS[-loads][-DECODE][-mN][-hints][-cN][-sN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C,
     rows_per_thread=Q, row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its
     loads alone (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`),
-    -hints loads the scales under their operand's L2 policy (`WholeKConfig.scale_hints`), -cN (or -cd) launches it
-    with a shared-memory carveout, -sN with at most N blocks resident per SM, and :QUALIFIERS sets the PTX
-    qualifiers of the A loads (all three `WholeKQualified`), e.g. ':.L1::evict_first'."""
+    -sN allows at most N (`WholeKConfig.max_blocks_per_sm`), -hints loads the scales under their operand's L2 policy
+    (`WholeKConfig.scale_hints`), -cN (or -cd) launches it with a shared-memory carveout and :QUALIFIERS sets the PTX
+    qualifiers of the A loads (both `WholeKQualified`), e.g. ':.L1::evict_first'."""
     try:
         spec, _, a_load = text.partition(":")
         flags = spec.split("-")
@@ -288,11 +264,11 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
                              "-cd or -sN")
         qualified = {"a_load": a_load} if a_load else {}
         qualified |= {"smem_carveout": carveouts[-1]} if carveouts else {}
-        qualified |= {"smem_blocks": capped[-1]} if capped else {}
         kind = (WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode
                 else WholeKQualified if qualified else WholeKConfig)
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
-                    min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags, **qualified)
+                    min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags,
+                    max_blocks_per_sm=capped[-1] if capped else 0, **qualified)
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

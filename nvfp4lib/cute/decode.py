@@ -27,11 +27,6 @@ from nvfp4lib.cute.ptx import (Float32, Int32, Uint32, dp4a, e2m1x8_to_f16x2, e4
                                half2_to_f32_pair, prmt, s32_to_f32)
 
 
-def decode_factor(decode: str):
-    """`DECODE_FACTOR` of ``decode`` as the fp32 constant a kernel multiplies B's scales by."""
-    return Float32(DECODE_FACTOR[decode])
-
-
 # --------------------------------------------------------------------------- packed fp16 decodes
 
 
@@ -128,7 +123,7 @@ def block_dot_lut2(a_words, b_signed, lookup):
 
 def scaled_b(sfb_pair, decode: str):
     """B's two block scales of a chunk as fp32, times `DECODE_FACTOR` (folded in once per chunk of B)."""
-    factor = decode_factor(decode)
+    factor = Float32(DECODE_FACTOR[decode])
     sb0, sb1 = e4m3x2_to_f32(sfb_pair)
     return sb0 * factor, sb1 * factor
 

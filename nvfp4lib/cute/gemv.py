@@ -22,7 +22,8 @@ import torch
 
 from nvfp4lib.caches import TupleCache, is_validated_once
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS, NVFP4InputError, Shape, validate_gemv_input
-from nvfp4lib.cute.decode import decode_b_word, decode_factor, decode_word_bitops, decode_word_hw
+from nvfp4lib.cute.constants import DECODE_FACTOR
+from nvfp4lib.cute.decode import decode_b_word, decode_word_bitops, decode_word_hw
 from nvfp4lib.cute.launch import (compile_artifact, compile_gemv_launch, compile_target, compiled_kernel,
                                   permuted_scale_views, plain_scale_views, require_dsl, resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, e4m3x2_to_f32, half2_to_f32_pair,
@@ -119,7 +120,7 @@ def make_naive_kernel(hw_e2m1: bool):
                             a_lo, a_hi = half2_to_f32_pair(ah[h])
                             b_lo, b_hi = half2_to_f32_pair(bh[h])
                             part = part + a_lo * b_lo + a_hi * b_hi
-                    acc = acc + part * (sa * sb * decode_factor("hw" if hw_e2m1 else "bitops"))
+                    acc = acc + part * (sa * sb * Float32(DECODE_FACTOR["hw" if hw_e2m1 else "bitops"]))
             c[m, 0, batch] = acc.to(Float16)
 
     return kernel
@@ -128,14 +129,15 @@ def make_naive_kernel(hw_e2m1: bool):
 # --------------------------------------------------------------------------- the kernel of each K
 
 
-PER_K_DEFAULTS = {16384: WholeKConfig(chunks_per_thread=2, rows_per_thread=2),  # w2x2x1
-                  7168: WholeKConfig(chunks_per_thread=1, min_blocks_per_sm=5, scale_hints=True),  # w1x4x1-m5-hints
-                  2048: WholeKConfig(chunks_per_thread=1, row_slots=2, min_blocks_per_sm=8)}  # w1x4x2-m8
-"""The per-K kernels that `default_config` runs at the benchmark K: their launch shapes the fastest of the per-K
-configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at K = 16384 and 7168; at K = 2048 two
-row slots of 4 rows with 8 blocks resident per SM (64 registers a thread), at K = 7168 5 blocks (56 registers,
-not 40) with the scale loads under their operand's L2 policy, each faster by leaderboard time than the measured
-alternatives under CuTe DSL 4.6.3 and 4.8.1 (results/h200_scale_hints.csv; docs/cute_kernel_notes.md)."""
+PER_K_DEFAULTS = {16384: WholeKConfig(2, 2, 1, scale_hints=True, max_blocks_per_sm=3),  # w2x2x1-hints-s3
+                  7168: WholeKConfig(1, 4, 1, scale_hints=True, max_blocks_per_sm=3),  # w1x4x1-hints-s3
+                  2048: WholeKConfig(1, 4, 2, max_blocks_per_sm=6)}  # w1x4x2-s6
+"""The per-K kernels that `default_config` runs at the benchmark K (chunks_per_thread, rows_per_thread and
+row_slots in this order, as `cute_bench`'s ``wCxQxS`` names them): their launch shapes the fastest of the per-K
+configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at K = 16384 and 7168, at K = 2048 two
+row slots of 4 rows; the scale loads under their operand's L2 policy at K = 16384 and 7168; the resident blocks
+capped by the shared memory each block reserves (3, 3 and 6 per SM: `WholeKConfig.max_blocks_per_sm`), each faster
+by leaderboard time than the measured alternatives (results/h200_kernel_vs_read.csv; docs/cute_kernel_notes.md)."""
 
 SHORT_K = 8192
 """Up to this K, `per_k_rule` gives each thread one chunk of 4 rows (``w1x4x1``, K/32 threads per row: the
@@ -218,9 +220,10 @@ def kernel_arguments(data, permuted_scales: bool, tvm_ffi: bool) -> tuple:
 class CuteLaunch:
     """A kernel config, or a rule that picks one per K (`default_config`), bound to this GPU and called with the
     leaderboard tuple, nothing checked: the kernel of each K is chosen and compiled at its first input (with a
-    GPU, those of ``compile_at`` and a config's one kernel for every K now, not inside a timed call), then called
-    on the tensors' addresses and the current stream (TVM-FFI where apache-tvm-ffi is installed, else the DSL's
-    plain call path). The standalone file's kernel; `CuteRunner` is the same call with every input validated."""
+    GPU, those of ``compile_at`` now, not inside a timed call), then called on the tensors' addresses and the
+    current stream (TVM-FFI where apache-tvm-ffi is installed, else the DSL's plain call path). The standalone
+    file's kernel; `CuteRunner` is the same call with every input validated (and a config's one kernel for every
+    K compiled at once)."""
 
     def __init__(self, config, compile_at=()):
         self.arch, self.tvm_ffi = cute_arch(), tvm_ffi_problem() is None  # arch None: no GPU, nothing compiled now
@@ -229,8 +232,6 @@ class CuteLaunch:
         if self.arch and not self.tvm_ffi:  # the plain call path takes the stream as the driver's CUstream
             from cuda.bindings.driver import CUstream
             self._cu_stream = CUstream
-        if self.arch and not callable(config):
-            config.compiled(self.arch, None, self.tvm_ffi)
         for k in compile_at if self.arch else ():
             self.kernel_for(k)
 
@@ -252,9 +253,8 @@ class CuteLaunch:
     def prepare(self, data):
         """(compiled kernel, its arguments before the stream, device index, c) for this input tuple, launching
         nothing and checking nothing (`CuteRunner.prepare` validates)."""
-        a, c = data[0], data[6]
-        cfg, fn = self.kernel_for(2 * a.shape[1])
-        return fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), c.device.index, c
+        cfg, fn = self.kernel_for(2 * data[0].shape[1])
+        return fn, kernel_arguments(data, cfg.permuted_scales, self.tvm_ffi), data[6].device.index, data[6]
 
     def __call__(self, data, stream: torch.cuda.Stream | None = None) -> torch.Tensor:
         """The kernel on ``stream`` or the device's current one, as this call path takes a stream; returns c."""
@@ -274,6 +274,8 @@ class CuteRunner(CuteLaunch):
 
     def __init__(self, config, compile_at=(), cache_entries: int = 4):
         super().__init__(config, compile_at)
+        if self.arch and not callable(config):  # a config's one kernel for every K, compiled now
+            config.compiled(self.arch, None, self.tvm_ffi)
         if self.arch and not self.tvm_ffi:
             print("CuTe DSL: apache-tvm-ffi is not installed, so the kernels are called through the DSL's plain "
                   "call path (Int64/Int32 arguments and a CUstream: a slower host call)", file=sys.stderr)

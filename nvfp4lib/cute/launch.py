@@ -47,6 +47,7 @@ def leaderboard_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, kh, m, l, scale_v
 
 
 HOPPER_DECODE = "lut"  # measured faster than "bitops" on the H200 (docs/cute_kernel_notes.md)
+SM_SHARED_MEMORY = 233472  # bytes of shared memory an SM of an H100, H200 or B200 gives its blocks (228 KB)
 
 
 def resolve_decode(arch: str, decode: str = "auto") -> str:
@@ -96,12 +97,13 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
     blocks (traced: M and L are runtime values). Called with `gemv.kernel_arguments` and the stream. ``min_blocks``
     > 0: at least that many blocks resident per SM (``.minnctapersm``: ptxas fits its registers to that; its
     ``-maxrregcount`` is ignored for the kernels' ``.reqntid``). ``launch_options``: more of the DSL's ``launch``
-    options (a benchmark's form sets ``preferred_smem_carveout``).
+    options: ``smem`` (a per-K kernel's `whole_k.WholeKConfig.reserved_smem`), ``preferred_smem_carveout`` (a
+    benchmark's form).
 
     For more than one resident block every CuTe DSL release asks the driver for the SM's shared memory, to choose
-    the launch's shared-memory carveout. Where there is no GPU to ask, the answer is an H200's and a B200's, 228 KB:
-    a host setting of a function that cannot run there, in neither the PTX nor the cubin, which are what a compile
-    without a GPU is for."""
+    the launch's shared-memory carveout. Where there is no GPU to ask, the answer is an H200's and a B200's
+    (`SM_SHARED_MEMORY`): a host setting of a function that cannot run there, in neither the PTX nor the cubin,
+    which are what a compile without a GPU is for."""
     @cute.jit
     def launch(a_ptr: Int64, b_ptr: Int64, sfa_ptr: Int64, sfb_ptr: Int64, c_ptr: Int64, kh: Int32, m: Int32, l: Int32,
                stream):
@@ -111,7 +113,7 @@ def compile_gemv_launch(kernel, grid, threads: int, scale_views, arch: str | Non
 
     no_driver = min_blocks > 1 and cute_arch() is None  # the DSL asks the driver a question, and there is none
     with (unittest.mock.patch("cutlass.cutlass_dsl.cutlass.cuda_helpers.get_device_attribute",
-                              lambda attribute, *args: 233472) if no_driver else contextlib.nullcontext()):
+                              lambda attribute, *args: SM_SHARED_MEMORY) if no_driver else contextlib.nullcontext()):
         return compile_launch(launch, [Int64(0)] * 5 + [Int32(example_kh)] + [Int32(1)] * 2, arch, options, tvm_ffi)
 
 

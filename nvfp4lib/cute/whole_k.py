@@ -28,7 +28,8 @@ from typing import NamedTuple
 from nvfp4lib.contract import B_ROWS, NVFP4InputError
 from nvfp4lib.cute.constants import LUT_HI, LUT_LO
 from nvfp4lib.cute.decode import accumulate_chunk, chunk_dots, decode_b_chunk, scaled_b
-from nvfp4lib.cute.launch import compile_gemv_launch, compile_target, compiled_kernel, plain_scale_views, resolve_decode
+from nvfp4lib.cute.launch import (SM_SHARED_MEMORY, compile_gemv_launch, compile_target, compiled_kernel,
+                                  plain_scale_views, resolve_decode)
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, Uint32, cute, cutlass, l2_policy, ld_global_u16_if,
                                ld_global_v4_policy, ld_shared, prmt_lookup, smem_allocator, smem_words, st_shared,
                                warp_word_offset)
@@ -50,7 +51,10 @@ class WholeKConfig:
     ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
     the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
     65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). ``scale_hints``: the scale
-    loads under their operand's L2 policy too (faster at K = 7168 alone, ibid.). Its methods are what
+    loads under their operand's L2 policy too (faster at K = 7168 alone, ibid.). ``max_blocks_per_sm``: 0 leaves the
+    resident blocks to the registers and threads; N > 0 caps them at N per SM by the shared memory each block
+    reserves (`reserved_smem`), which also leaves the L1 its smallest share; the PTX and the cubin stay the config's
+    own (ibid.). Its methods are what
     `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
@@ -64,10 +68,12 @@ class WholeKConfig:
     decode: str = "auto"
     min_blocks_per_sm: int = 0
     scale_hints: bool = False
+    max_blocks_per_sm: int = 0
 
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
-                                       ("min_blocks_per_sm", self.min_blocks_per_sm, 0, 32)):  # an SM's most blocks
+                                       ("min_blocks_per_sm", self.min_blocks_per_sm, 0, 32),  # an SM's most blocks
+                                       ("max_blocks_per_sm", self.max_blocks_per_sm, 0, 8)):  # `reserved_smem`'s
             if not low <= value <= high:
                 raise ValueError(f"{name}: expected {low} to {high}, got {value}")
         rows = self.rows_per_thread * self.row_slots
@@ -79,6 +85,13 @@ class WholeKConfig:
             raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
         if not isinstance(self.scale_hints, bool):
             raise ValueError(f"scale_hints: expected True or False, got {self.scale_hints!r}")
+
+    def reserved_smem(self) -> int | None:
+        """The dynamic shared memory a block reserves so that at most ``max_blocks_per_sm`` blocks fit an SM, each
+        also taking the 1 KB the system reserves for a block and the kernel's 1 KB of static shared memory
+        (cuobjdump -res-usage: SHARED:1024): N blocks fill `launch.SM_SHARED_MEMORY` exactly, N + 1 do not fit (for
+        N up to 8: above, the rounding may let one more fit). None without a cap: the kernel's own allocations."""
+        return (SM_SHARED_MEMORY // self.max_blocks_per_sm - 2048) // 1024 * 1024 if self.max_blocks_per_sm else None
 
     def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
         """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
@@ -97,7 +110,8 @@ class WholeKConfig:
         arch, plan = compile_target(arch), plan_for(self, k)
         kernel = make_whole_k_kernel(plan, self, resolve_decode(arch, self.decode))
         return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads,
-                                   plain_scale_views, arch, options, tvm_ffi, k // 2, self.min_blocks_per_sm)
+                                   plain_scale_views, arch, options, tvm_ffi, k // 2, self.min_blocks_per_sm,
+                                   smem=self.reserved_smem())
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The kernel of this K from the compile cache (`launch.compiled_kernel`): one per K, compiled on the
@@ -129,8 +143,7 @@ def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
     if cfg.row_slots * threads_per_row > MAX_THREADS:
         limit = MAX_THREADS // cfg.row_slots * cfg.chunks_per_thread * 32
         raise NVFP4InputError(f"a: expected K <= {limit} for the whole-K kernel with {cfg.row_slots} row slots of "
-                              f"threads holding {cfg.chunks_per_thread} chunks each ({MAX_THREADS} threads per "
-                              f"block), got K = {k}")
+                              f"{cfg.chunks_per_thread} chunks a thread ({MAX_THREADS} threads a block), got K = {k}")
     chunks = -(-n_chunks // threads_per_row)
     partial = tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks))
     return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, threads_per_row, chunks,

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 
 from nvfp4lib.contract import B_ROWS, SCALE_ATOM_BYTES, SCALE_TILE_ROWS
-from nvfp4lib.cute.constants import LUT_HI, LUT_LO
-from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_factor, decode_word_bitops, decode_word_hw,
-                                  decode_word_lut, negate_bytes, scaled_b)
+from nvfp4lib.cute.constants import DECODE_FACTOR, LUT_HI, LUT_LO
+from nvfp4lib.cute.decode import (block_dot, decode_b_word, decode_word_bitops, decode_word_hw, decode_word_lut,
+                                  negate_bytes, scaled_b)
 from nvfp4lib.cute.gemv import MAX_ROWS_PER_BLOCK, OneKernelForEveryK, row_blocks
 from nvfp4lib.cute.ptx import (Float16, Float32, Int32, Int64, cute, cutlass, dp4a, e4m3x2_to_f32, ld_global_u16_if,
                                ld_global_v4_if, ld_shared, prefetch_l2_if, prmt_lookup, prmt_table, s32_to_f32,
@@ -425,7 +425,7 @@ def make_tiled_kernel(cfg: TiledConfig, decode: str):
                     store_lut_table(table_addr, tidx)
             b_row = b.iterator + Int64(batch) * Int64(B_ROWS * kh)
             sfb_row = sfb.iterator + Int64(batch) * Int64(B_ROWS * (kh // 8))
-            factor = decode_factor(decode)
+            factor = Float32(DECODE_FACTOR[decode])
             for i in range((n_chunks + threads - 1 - tidx) // threads):
                 col = tidx + i * threads
                 words = ld_global_v4_if(b_row + col * 16, 1, ".nc")
