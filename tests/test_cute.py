@@ -236,7 +236,7 @@ def test_a_k_the_per_k_kernel_cannot_hold_is_refused_naming_a():
 
 def test_the_rule_gives_the_measured_configs_at_the_measured_k():
     """`per_k_rule` is the measured table's pattern: at K = 16384 and 7168 it gives the launch shapes of
-    results/h200_per_k.csv measured fastest; the row slots of K = 2048, the scale hints and the resident-block caps
+    results/h200_per_k.csv measured fastest; the row slots of K = 2048, the scale hints and the resident-block counts
     were measured at the benchmark K only, so elsewhere the rule leaves them out."""
     for k, cfg in cute_gemv.PER_K_DEFAULTS.items():
         unmeasured = dataclasses.replace(cfg, min_blocks_per_sm=0, scale_hints=False, row_slots=1, max_blocks_per_sm=0)
@@ -264,13 +264,13 @@ def test_default_config_compiles_at_other_k_for_both_targets(other_k_ptx, k):
 
 
 def test_default_config_at_the_measured_k_is_its_per_k_kernel_and_holds_that_k():
-    """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384 and w1x4x1 at 7168, each with
-    hinted scale loads and at most 3 blocks resident per SM, two row slots of w1x4x1 with at most 6 at 2048."""
+    """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384, w1x4x1 with 5 blocks resident
+    per SM and hinted scale loads at 7168, two row slots of w1x4x1 with 8 blocks resident at 2048."""
     whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
     assert cute_gemv.PER_K_DEFAULTS == {
-        16384: whole_k.WholeKConfig(2, 2, 1, scale_hints=True, max_blocks_per_sm=3),
-        7168: whole_k.WholeKConfig(1, 4, 1, scale_hints=True, max_blocks_per_sm=3),
-        2048: whole_k.WholeKConfig(1, 4, 2, max_blocks_per_sm=6)}
+        16384: whole_k.WholeKConfig(2, 2, 1),
+        7168: whole_k.WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True),
+        2048: whole_k.WholeKConfig(1, 4, 2, min_blocks_per_sm=8)}
     assert sorted(cute_gemv.PER_K_DEFAULTS) == sorted({s.k for s in BENCHMARK_SHAPES})
     for k, cfg in cute_gemv.PER_K_DEFAULTS.items():
         assert cute_gemv.default_config(k) is cfg and cfg.compute and cfg.decode == "auto"
