@@ -54,8 +54,8 @@ class WholeKConfig:
     loads under their operand's L2 policy too (faster at K = 7168 alone, ibid.). ``max_blocks_per_sm``: 0 leaves the
     resident blocks to the registers and threads; N > 0 caps them at N per SM by the shared memory each block
     reserves (`reserved_smem`), which also leaves the L1 its smallest share; the PTX and the cubin stay the config's
-    own (ibid.). Its methods are what
-    `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
+    own (ibid.). Its methods are what `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the
+    same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
     compute = True  # ... and computes (a benchmark's loads-only form does not) ...
@@ -73,7 +73,7 @@ class WholeKConfig:
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
                                        ("min_blocks_per_sm", self.min_blocks_per_sm, 0, 32),  # an SM's most blocks
-                                       ("max_blocks_per_sm", self.max_blocks_per_sm, 0, 8)):  # `reserved_smem`'s
+                                       ("max_blocks_per_sm", self.max_blocks_per_sm, 0, 8)):  # see reserved_smem
             if not low <= value <= high:
                 raise ValueError(f"{name}: expected {low} to {high}, got {value}")
         rows = self.rows_per_thread * self.row_slots
