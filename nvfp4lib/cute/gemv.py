@@ -133,11 +133,12 @@ PER_K_DEFAULTS = {16384: WholeKConfig(2, 2, 1),  # w2x2x1
                   7168: WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True),  # w1x4x1-m5-hints
                   2048: WholeKConfig(1, 4, 2, min_blocks_per_sm=8)}  # w1x4x2-m8
 """The per-K kernels that `default_config` runs at the benchmark K (chunks_per_thread, rows_per_thread and
-row_slots in this order, as `cute_bench`'s ``wCxQxS`` names them): their launch shapes the fastest of the per-K
-configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at K = 16384 and 7168; at K = 2048 two
-row slots of 4 rows with 8 blocks resident per SM (64 registers a thread), at K = 7168 5 blocks (56 registers,
-not 40) with the scale loads under their operand's L2 policy, each faster by leaderboard time than the measured
-alternatives under CuTe DSL 4.6.3 and 4.8.1 (results/h200_scale_hints.csv; docs/cute_kernel_notes.md)."""
+row_slots in this order, as `cute_bench`'s ``wCxQxS`` names them; each line ends with its name): their launch
+shapes the fastest of the per-K configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at
+K = 16384 and 7168, at K = 2048 two row slots of 4 rows; their resident-block counts, scale hints and caps the
+fastest by leaderboard time of those timed at their K in the recorded run under CuTe DSL 4.6.3 and 4.8.1, the
+default with its hints switched and without its cap among them (results/h200_kernel_vs_read.csv;
+docs/cute_kernel_notes.md)."""
 
 SHORT_K = 8192
 """Up to this K, `per_k_rule` gives each thread one chunk of 4 rows (``w1x4x1``, K/32 threads per row: the
