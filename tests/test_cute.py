@@ -265,12 +265,13 @@ def test_default_config_compiles_at_other_k_for_both_targets(other_k_ptx, k):
 
 def test_default_config_at_the_measured_k_is_its_per_k_kernel_and_holds_that_k():
     """The benchmark K run the per-K kernels measured fastest there: w2x2x1 at 16384, w1x4x1 with 5 blocks resident
-    per SM and hinted scale loads at 7168, two row slots of w1x4x1 with 8 blocks resident at 2048."""
+    per SM at 7168, two row slots of w1x4x1 with 8 at 2048; each with hinted scale loads and its resident blocks
+    capped by the shared memory each reserves, at 3, 3 and 6 per SM."""
     whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
     assert cute_gemv.PER_K_DEFAULTS == {
-        16384: whole_k.WholeKConfig(2, 2, 1),
-        7168: whole_k.WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True),
-        2048: whole_k.WholeKConfig(1, 4, 2, min_blocks_per_sm=8)}
+        16384: whole_k.WholeKConfig(2, 2, 1, scale_hints=True, max_blocks_per_sm=3),
+        7168: whole_k.WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True, max_blocks_per_sm=3),
+        2048: whole_k.WholeKConfig(1, 4, 2, min_blocks_per_sm=8, scale_hints=True, max_blocks_per_sm=6)}
     assert sorted(cute_gemv.PER_K_DEFAULTS) == sorted({s.k for s in BENCHMARK_SHAPES})
     for k, cfg in cute_gemv.PER_K_DEFAULTS.items():
         assert cute_gemv.default_config(k) is cfg and cfg.compute and cfg.decode == "auto"

@@ -129,9 +129,9 @@ def make_naive_kernel(hw_e2m1: bool):
 # --------------------------------------------------------------------------- the kernel of each K
 
 
-PER_K_DEFAULTS = {16384: WholeKConfig(2, 2, 1),  # w2x2x1
-                  7168: WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True),  # w1x4x1-m5-hints
-                  2048: WholeKConfig(1, 4, 2, min_blocks_per_sm=8)}  # w1x4x2-m8
+PER_K_DEFAULTS = {16384: WholeKConfig(2, 2, 1, scale_hints=True, max_blocks_per_sm=3),  # w2x2x1-hints-s3
+                  7168: WholeKConfig(1, 4, 1, min_blocks_per_sm=5, scale_hints=True, max_blocks_per_sm=3),  # w1x4x1-m5-hints-s3
+                  2048: WholeKConfig(1, 4, 2, min_blocks_per_sm=8, scale_hints=True, max_blocks_per_sm=6)}  # w1x4x2-m8-hints-s6
 """The per-K kernels that `default_config` runs at the benchmark K (chunks_per_thread, rows_per_thread and
 row_slots in this order, as `cute_bench`'s ``wCxQxS`` names them; each line ends with its name): their launch
 shapes the fastest of the per-K configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at
