@@ -136,8 +136,8 @@ PER_K_DEFAULTS = {16384: WholeKConfig(2, 2, 1, scale_hints=True, max_blocks_per_
 row_slots in this order, as `cute_bench`'s ``wCxQxS`` names them; each line ends with its name): their launch
 shapes the fastest of the per-K configs measured on the H200 (results/h200_per_k.csv, commit f91bda39931b) at
 K = 16384 and 7168, at K = 2048 two row slots of 4 rows; their resident-block counts, scale hints and caps the
-fastest by leaderboard time of those timed at their K in the recorded run under CuTe DSL 4.6.3 and 4.8.1, the
-default with its hints switched and without its cap among them (results/h200_kernel_vs_read.csv;
+fastest by leaderboard time of those timed at their K in the recorded run on an H100 under CuTe DSL 4.6.3 and
+4.8.1, the default with its hints switched and without its cap among them (results/h100_kernel_vs_read.csv;
 docs/cute_kernel_notes.md)."""
 
 SHORT_K = 8192
