@@ -164,10 +164,10 @@ def test_the_default_per_k_kernels_are_the_fastest_measured():
     """`gemv.PER_K_DEFAULTS` against its sources: at K = 16384 and 7168 the launch shape is the computing per-K
     config of results/h200_per_k.csv with the least leaderboard time and the least kernel time, faster than the
     fast kernel's default there (K = 2048's two row slots were not among them); and in the recorded run that
-    chose them, results/h100_kernel_vs_read.csv (an H100 80GB HBM3), under each of its CuTe DSL releases (two at least), the default took less
-    leaderboard time at its K than every other per-K config timed there, the default with its scale hints
-    switched and, for a capped default, the default without its cap among them. The default's row is
-    ``cute_fast``, or its config by name where the run timed it so (a sweep that chose it)."""
+    chose the rest, results/h100_kernel_vs_read.csv (an H100 80GB HBM3), under each of its CuTe DSL releases (two
+    at least), the default took less leaderboard time at its K than every other per-K config timed there, the
+    default with its scale hints switched and, for a capped default, without its cap among them. The default's
+    row is ``cute_fast``, or its config by name where the run timed it so (the sweep that chose it)."""
     from nvfp4lib.cute import gemv
 
     with open("results/h200_per_k.csv", newline="") as f:
