@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import re
 import sys
-import unittest.mock
 
 from nvfp4lib.bench.ceilings import CeilingIndex, ceiling_table, read_ceilings
 from nvfp4lib.bench.harness import check_once, measure, timing_fields
@@ -39,8 +37,6 @@ from nvfp4lib.bench.timing import FLUSHES, cell_text
 from nvfp4lib.contract import Shape
 from nvfp4lib.cute.gemv import CuteGemv
 from nvfp4lib.cute.decode import block_dot, decode_b_word, decode_word_bitops
-from nvfp4lib.cute import whole_k
-from nvfp4lib.cute.launch import compile_gemv_launch
 from nvfp4lib.cute.whole_k import WholeKConfig, accumulate_rows
 from nvfp4lib.device import capabilities, installed_cute_dsl_version, missing
 from nvfp4lib.problem import BENCHMARK_SHAPES, EXTRA_SHAPES, TEST_SHAPES, bytes_moved, generate_input
@@ -203,9 +199,7 @@ class WholeKQualified(WholeKConfig):
         problem = carveout_problem()
         if problem:
             raise RuntimeError(f"smem_carveout: {problem}")
-        launched = functools.partial(compile_gemv_launch, preferred_smem_carveout=self.smem_carveout)
-        with unittest.mock.patch.object(whole_k, "compile_gemv_launch", launched):
-            return super().compile(arch, k, options, tvm_ffi)
+        return super().compile(arch, k, options, tvm_ffi, preferred_smem_carveout=self.smem_carveout)
 
 
 class WholeKLoadsOnly(WholeKQualified):

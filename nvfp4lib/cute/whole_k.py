@@ -105,13 +105,15 @@ class WholeKConfig:
             return str(err)
         return None
 
-    def compile(self, arch: str | None, k: int, options: str = "", tvm_ffi: bool | None = None):
-        """The kernel of this K for ``arch`` ("sm_90a", "sm_100a", ...), compiled now; no GPU needed."""
+    def compile(self, arch: str | None, k: int, options: str = "", tvm_ffi: bool | None = None, **launch_options):
+        """The kernel of this K for ``arch`` ("sm_90a", "sm_100a", ...), compiled now; no GPU needed. Its launch
+        reserves `reserved_smem`, with more of the DSL's launch options where a caller adds them (a benchmark's
+        form: a shared-memory carveout)."""
         arch, plan = compile_target(arch), plan_for(self, k)
         kernel = make_whole_k_kernel(plan, self, resolve_decode(arch, self.decode))
         return compile_gemv_launch(kernel, lambda m, l: [m // plan.rows_per_block, l, 1], plan.threads,
                                    plain_scale_views, arch, options, tvm_ffi, k // 2, self.min_blocks_per_sm,
-                                   smem=self.reserved_smem())
+                                   smem=self.reserved_smem(), **launch_options)
 
     def compiled(self, arch: str, k: int | None, tvm_ffi: bool):
         """The kernel of this K from the compile cache (`launch.compiled_kernel`): one per K, compiled on the
