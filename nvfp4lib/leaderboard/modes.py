@@ -35,7 +35,7 @@ from nvfp4lib.contract import Shape
 from nvfp4lib.device import capabilities
 from nvfp4lib.leaderboard.judge import floor_us, judge, timed_problem, too_fast
 from nvfp4lib.leaderboard.process import (EvaluationInterrupted, SubmissionProcess, SubmissionProcessEnded, Timed,
-                                          signal_name, signals_as_failures)
+                                          memory_held, signal_name, signals_as_failures)
 from nvfp4lib.leaderboard.protocol import (CASES, CPU_MAX_ELEMENTS, CPU_TEST_SHAPES, MAX_SEED_OPTION, MODES, PHASES,
                                            RANKED_SEED_STEP, TIMED, TIMED_PHASES, BadArgument, check_integer,
                                            check_seconds, check_secret_seed, data_seed, seed_of_benchmark,
@@ -364,17 +364,12 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
 
 
 def _memory_held(device) -> str:
-    """Why this process could not allocate on `device` (its inputs, its copy bandwidth probe): what
-    the device had free, and how much of it the submission's process (or another program) held."""
-    try:
-        free, total = torch.cuda.mem_get_info(device)
-        own = torch.cuda.memory_reserved(device)
-    except Exception:  # noqa: BLE001 - no CUDA to ask
+    """Why this process could not allocate on `device` (its inputs, its copy bandwidth probe): `process.memory_held`."""
+    held = memory_held(device)
+    if held is None:
         return f"the evaluator ran out of memory on {device} while the submission's process held memory there"
-    return (f"the evaluator could not allocate its inputs on {device}: {free / 2**30:.1f} GiB of its "
-            f"{total / 2**30:.1f} GiB were free, {(total - free - own) / 2**30:.1f} GiB held outside the evaluator's "
-            f"own {own / 2**30:.1f} GiB: by the submission's process (or another program there); a submission must "
-            f"leave the device the room the leaderboard's inputs take")
+    return (f"the evaluator could not allocate its inputs on {device}: {held}; a submission must leave the device the "
+            f"room the leaderboard's inputs take")
 
 
 def _keep_output(report: Report, process: SubmissionProcess, say) -> None:

@@ -209,6 +209,19 @@ def _unsandboxed(folders: list[str], why: str) -> str:
             f"the network, and outlive the evaluation by leaving its session; see --help")
 
 
+def memory_held(device) -> str | None:
+    """Where `device`'s memory was when an allocation there failed: what was free, and how much the submission's
+    process (or another program) held outside this process's own; None without CUDA to ask."""
+    try:
+        free, total = torch.cuda.mem_get_info(device)
+        own = torch.cuda.memory_reserved(device)
+    except Exception:  # noqa: BLE001 - no CUDA to ask
+        return None
+    return (f"{free / 2**30:.1f} GiB of its {total / 2**30:.1f} GiB were free, {(total - free - own) / 2**30:.1f} GiB "
+            f"held outside the evaluator's own {own / 2**30:.1f} GiB: by the submission's process (or another "
+            f"program there)")
+
+
 def _page(n: int) -> int:
     return -(-n // _PAGE) * _PAGE
 
@@ -365,6 +378,12 @@ class SubmissionProcess:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _error(self, answer: dict) -> str:
+        """The submission's error, in words; where its process ran out of GPU memory, where that memory was."""
+        error = printable(answer["error"])
+        held = memory_held(self.device) if error.startswith("raised OutOfMemoryError") else None
+        return f"{error} (on {self.device}: {held})" if held else error
+
     # -- requests
 
     def load(self, path, expression: str | None = None, source: str | None = None) -> Loaded:
@@ -375,7 +394,7 @@ class SubmissionProcess:
         answer = self._ask({"kind": "load", "path": path, "source": source, "expression": expression},
                            "importing it", {"loaded": answers.LOADED, "error": answers.ERROR})
         if answer["kind"] == "error":
-            return Loaded(error=printable(answer["error"]))
+            return Loaded(error=self._error(answer))
         texts = {k: None if answer[k] is None else printable(answer[k])
                  for k in ("submission_path", "backend", "value")}
         return Loaded(None, answer["has_kernel"], answer["needs_cuda"], **texts)
@@ -398,7 +417,7 @@ class SubmissionProcess:
         answer = self._ask({"kind": "call", "reuse": reuse, "timed": timed, "tensors": specs,
                             "output": self._inputs_end}, "the call", {"called": answers.CALLED, "error": answers.ERROR})
         if answer["kind"] == "error":
-            return Called(error=printable(answer["error"]))
+            return Called(error=self._error(answer))
         if timed and (answer["us"] is None or answer["us"] * 1e-6 > 1.01 * (time.monotonic() - started) + 1e-3):
             self._end(f"the timed call: its process sent back the time {answer['us']!r} us, which its call "
                       f"cannot have taken here")
@@ -423,7 +442,7 @@ class SubmissionProcess:
                            {"timed": answers.timed(rule.max_calls), "error": answers.ERROR}, calls=rule.max_calls)
         took = time.monotonic() - started
         if answer["kind"] == "error":
-            return Timed(error=printable(answer["error"]))
+            return Timed(error=self._error(answer))
         samples, outputs = answer["samples_us"], answer["outputs"]
         if len(samples) != len(outputs):
             self._end(f"the timed calls: its process sent {len(samples)} times for {len(outputs)} outputs")
