@@ -340,7 +340,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
                         _run_phase(process, phase, report, cases, shapes, device, seed, secret_seed, reps, warmup,
                                    log)
                 except torch.OutOfMemoryError:  # read while the submission's process still holds its memory
-                    stopped.append(_memory_held(device))
+                    stopped.append(_no_room_for_inputs(device))
                     loaded = False
                 finally:
                     process.close()  # its exit handlers' output too
@@ -363,7 +363,7 @@ def evaluate(path, mode: str = "both", *, seed: int = 0, secret_seed: int | None
     return report
 
 
-def _memory_held(device) -> str:
+def _no_room_for_inputs(device) -> str:
     """Why this process could not allocate on `device` (its inputs, its copy bandwidth probe): `process.memory_held`."""
     held = memory_held(device)
     if held is None:

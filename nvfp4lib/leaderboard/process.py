@@ -209,6 +209,10 @@ def _unsandboxed(folders: list[str], why: str) -> str:
             f"the network, and outlive the evaluation by leaving its session; see --help")
 
 
+OUT_OF_MEMORY = child.describe(torch.OutOfMemoryError())
+"""How the submission's process words an out-of-memory error it raised (`child.describe`), message aside."""
+
+
 def memory_held(device) -> str | None:
     """Where `device`'s memory was when an allocation there failed: what was free, and how much the submission's
     process (or another program) held outside this process's own; None without CUDA to ask."""
@@ -381,7 +385,7 @@ class SubmissionProcess:
     def _error(self, answer: dict) -> str:
         """The submission's error, in words; where its process ran out of GPU memory, where that memory was."""
         error = printable(answer["error"])
-        held = memory_held(self.device) if error.startswith("raised OutOfMemoryError") else None
+        held = memory_held(self.device) if error.startswith(OUT_OF_MEMORY) else None
         return f"{error} (on {self.device}: {held})" if held else error
 
     # -- requests
