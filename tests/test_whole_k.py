@@ -21,9 +21,8 @@ from nvfp4lib.study import whole_k_model as wm
 whole_k = pytest.importorskip("nvfp4lib.cute.whole_k")
 WholeKConfig, plan_for = whole_k.WholeKConfig, whole_k.plan_for
 
-VARIANTS = ("w2x4x1", "w1x4x1", "w2x8x1", "w2x2x1", "w2x4x1-bitops", "w2x4x1-loads", "w2x1x1-g8", "w1x16x1-g8")
-"""The configs docs/cute_kernel_notes.md predicts ("per-K kernels"), as cute_bench --configs takes them; the last
-two with groups of rows in turn, the second with more rows a block than threads at the smallest K."""
+VARIANTS = ("w2x4x1", "w1x4x1", "w2x8x1", "w2x2x1", "w2x4x1-bitops", "w2x4x1-loads")
+"""The configs docs/cute_kernel_notes.md predicts ("per-K kernels"), as cute_bench --configs takes them."""
 
 
 # ------------------------------------------------------------------------------------ launch shapes
@@ -146,37 +145,6 @@ def test_a_carveout_or_a_block_cap_sets_the_launch_and_nothing_in_the_kernel():
     for bad, message in (("w2x2x1-c101", "smem_carveout: expected -1 .* or a percentage 0 to 100, got 101"),
                          ("w2x2x1-s9", "max_blocks_per_sm: expected 0 to 8, got 9"),
                          ("w2x2x1-cx", "unknown flag -cx: expected -loads"), ("w2x2x1-hint", "unknown flag -hint")):
-        with pytest.raises(SystemExit, match=message):
-            cute_bench.parse_config(bad)
-
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-def test_a_block_of_row_groups_loads_and_decodes_b_once_and_each_group_its_own_rows(arch):
-    """``-gN`` (`WholeKConfig.groups_per_block`): a block computes N groups of rows in turn, with one load of B's
-    chunks (and one decode) for all of them and every group's own loads of A, in order, the next group's before the
-    group before it is computed; one store per row, in as many passes as the block has more rows than threads."""
-    from nvfp4lib.cute.gemv import compile_ptx
-
-    cfg = cute_bench.parse_config("w2x1x1-hints-g4-s3")
-    assert cfg == WholeKConfig(2, 1, 1, scale_hints=True, max_blocks_per_sm=3, groups_per_block=4)
-    assert cute_bench.kernel_name("fast", cfg) == \
-        "cute_wholek[rows_per_thread=1,scale_hints=True,max_blocks_per_sm=3,groups_per_block=4]"
-    plan = plan_for(cfg, 16384)
-    assert (plan.rows_per_block, plan.threads) == (4, 256)
-    assert plan._replace(rows_per_block=1) == plan_for(dataclasses.replace(cfg, groups_per_block=1), 16384)
-    ptx = compile_ptx("fast", arch, cfg, 16384)
-    counts = ptx_reading.opcode_counts(ptx)
-    assert counts["ld.global.nc.L1::evict_last.L2::cache_hint.v4.u32"] == 2  # B's 2 chunks
-    assert counts["ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32"] == 4 * 2  # each group's row
-    decodes = "prmt.b32" if arch == "sm_90a" else "cvt.rn.f16x2.e2m1x2"  # a row's chunks of A, as many of B
-    one_row = ptx_reading.opcode_counts(compile_ptx("fast", arch, WholeKConfig(2, 1, 1), 16384))[decodes]
-    assert counts[decodes] == 4 * one_row // 2 + one_row // 2  # A decoded in every group, B in the first only
-    assert len(re.findall(r"\bst\.global\.b16\b|\bst\.global\.u16\b", ptx)) == 1
-    many = compile_ptx("fast", arch, cute_bench.parse_config("w1x16x1-g8"), 64)  # 128 rows, 32 threads
-    assert len(re.findall(r"\bst\.global\.b16\b|\bst\.global\.u16\b", many)) == 4
-    for bad, message in (("w2x1x1-g3", "groups_per_block: expected a power of two dividing 128, got 3"),
-                         ("w2x4x1-g64", "rows_per_thread x row_slots x groups_per_block: expected a power of two "
-                                        "dividing 128, got 256")):
         with pytest.raises(SystemExit, match=message):
             cute_bench.parse_config(bad)
 
@@ -436,7 +404,7 @@ def test_cute_gemv_compiles_a_per_k_config_once_per_k(monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(not capabilities().cuda, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("text", ["w2x2x1-c0", "w1x4x1-m5-hints-cd", "w1x4x2-m8-c100", "w2x2x1-hints-s3",
-                                  "w1x4x2-m8-s2", "w2x1x1-hints-g4-s3"])
+                                  "w1x4x2-m8-s2"])
 def test_a_kernel_launched_with_a_carveout_or_a_block_cap_still_matches_the_reference_on_gpu(text):
     """The shared-memory carveout (CuTe DSL 4.6 or newer) and the cap on resident blocks are host settings: the
     kernel's results stay exact."""

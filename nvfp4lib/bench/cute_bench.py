@@ -208,7 +208,7 @@ class WholeKLoadsOnly(WholeKQualified):
 
     compute = False
 
-    def sum_rows(self, acc, plan, decode: str, loaded, zero, decoded_b: dict) -> None:
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
         b_words, sfb_pairs, a_words, sfa_pairs = loaded
         touched = loads_xor(b_words + a_words + [sfb_pairs + sfa_pairs])
         for q in range(plan.rows_per_thread):
@@ -221,8 +221,8 @@ class WholeKBitTrick(WholeKQualified):
 
     DECODES = ("bitops",)
 
-    def sum_rows(self, acc, plan, decode: str, loaded, zero, decoded_b: dict) -> None:
-        accumulate_rows(acc, plan, decode, loaded, zero, decoded_b, _bit_trick_b_chunk, _bit_trick_dots)
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
+        accumulate_rows(acc, plan, decode, loaded, zero, _bit_trick_b_chunk, _bit_trick_dots)
 
 
 def _bit_trick_b_chunk(words, decode: str, lookup) -> list:
@@ -237,13 +237,12 @@ def _bit_trick_dots(a_words, b_dec, decode: str, lookup):
 
 
 def parse_whole_k_config(text: str) -> WholeKConfig:
-    """'wCxQxS[-loads][-DECODE][-mN][-hints][-cN][-sN][-gN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C,
+    """'wCxQxS[-loads][-DECODE][-mN][-hints][-cN][-sN][:QUALIFIERS]' -> WholeKConfig(chunks_per_thread=C,
     rows_per_thread=Q, row_slots=S, ...): the per-K kernel (`nvfp4lib.cute.whole_k`), e.g. w2x4x1; -loads times its
     loads alone (`WholeKLoadsOnly`), -mN asks for N of its blocks resident per SM (`WholeKConfig.min_blocks_per_sm`),
     -sN allows at most N (`WholeKConfig.max_blocks_per_sm`), -hints loads the scales under their operand's L2 policy
-    (`WholeKConfig.scale_hints`), -gN gives a block N groups of rows in turn (`WholeKConfig.groups_per_block`), -cN
-    (or -cd) launches it with a shared-memory carveout and :QUALIFIERS sets the PTX qualifiers of the A loads (both
-    `WholeKQualified`), e.g. ':.L1::evict_first'."""
+    (`WholeKConfig.scale_hints`), -cN (or -cd) launches it with a shared-memory carveout and :QUALIFIERS sets the PTX
+    qualifiers of the A loads (both `WholeKQualified`), e.g. ':.L1::evict_first'."""
     try:
         spec, _, a_load = text.partition(":")
         flags = spec.split("-")
@@ -252,20 +251,18 @@ def parse_whole_k_config(text: str) -> WholeKConfig:
         blocks = [int(f[1:]) for f in flags[1:] if f.startswith("m") and f[1:].isdigit()]
         carveouts = [-1 if f == "cd" else int(f[1:]) for f in flags[1:] if f == "cd" or re.fullmatch(r"c\d+", f)]
         capped = [int(f[1:]) for f in flags[1:] if re.fullmatch(r"s\d+", f)]
-        grouped = [int(f[1:]) for f in flags[1:] if re.fullmatch(r"g\d+", f)]
         unknown = [f for f in flags[1:] if f not in ("loads", "lut", "bitops", "hw", "hints", "cd")
-                   and not re.fullmatch(r"[mcsg]\d+", f)]
+                   and not re.fullmatch(r"[mcs]\d+", f)]
         if unknown:
             raise ValueError(f"unknown flag -{unknown[0]}: expected -loads, -lut, -bitops, -hw, -mN, -hints, -cN, "
-                             "-cd, -sN or -gN")
+                             "-cd or -sN")
         qualified = {"a_load": a_load} if a_load else {}
         qualified |= {"smem_carveout": carveouts[-1]} if carveouts else {}
         kind = (WholeKLoadsOnly if "loads" in flags else WholeKBitTrick if "bitops" in decode
                 else WholeKQualified if qualified else WholeKConfig)
         return kind(chunks, rows, slots, decode=decode[-1] if decode else "auto",
                     min_blocks_per_sm=blocks[-1] if blocks else 0, scale_hints="hints" in flags,
-                    max_blocks_per_sm=capped[-1] if capped else 0, groups_per_block=grouped[-1] if grouped else 1,
-                    **qualified)
+                    max_blocks_per_sm=capped[-1] if capped else 0, **qualified)
     except (ValueError, TypeError) as err:
         raise SystemExit(f"--configs: expected wCxQxS such as w2x4x1, got {text!r} ({err})") from None
 

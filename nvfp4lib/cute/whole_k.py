@@ -54,10 +54,8 @@ class WholeKConfig:
     loads under their operand's L2 policy too (faster at K = 7168 alone, ibid.). ``max_blocks_per_sm``: 0 leaves the
     resident blocks to the registers and threads; N > 0 caps them at N per SM by the shared memory each block
     reserves (`reserved_smem`), which also leaves the L1 its smallest share; the PTX and the cubin stay the config's
-    own (ibid.). ``groups_per_block``: the groups of rows a block computes one after another, B decoded once for all
-    of them and each group's loads issued before the group before it is computed, so that a thread keeps one group
-    of loads in flight while it computes (1: one group, the kernel's first form). Its methods are what
-    `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the same), but `sum_rows`."""
+    own (ibid.). Its methods are what `gemv.CuteLaunch` asks of every config (`gemv.OneKernelForEveryK` has the
+    same), but `sum_rows`."""
 
     permuted_scales = False  # not fields: the kernel reads the plain scales ...
     compute = True  # ... and computes (a benchmark's loads-only form does not) ...
@@ -71,7 +69,6 @@ class WholeKConfig:
     min_blocks_per_sm: int = 0
     scale_hints: bool = False
     max_blocks_per_sm: int = 0
-    groups_per_block: int = 1
 
     def __post_init__(self):
         for name, value, low, high in (("chunks_per_thread", self.chunks_per_thread, 1, MAX_CHUNKS_PER_THREAD),
@@ -81,8 +78,7 @@ class WholeKConfig:
                 raise ValueError(f"{name}: expected {low} to {high}, got {value}")
         rows = self.rows_per_thread * self.row_slots
         for name, value in (("rows_per_thread", self.rows_per_thread), ("row_slots", self.row_slots),
-                            ("groups_per_block", self.groups_per_block),
-                            ("rows_per_thread x row_slots x groups_per_block", rows * self.groups_per_block)):
+                            ("rows_per_thread x row_slots", rows)):
             if value < 1 or value & (value - 1) or 128 % value:
                 raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
         if self.decode not in self.DECODES:
@@ -97,9 +93,9 @@ class WholeKConfig:
         N up to 8: above, the rounding may let one more fit). None without a cap: the kernel's own allocations."""
         return (SM_SHARED_MEMORY // self.max_blocks_per_sm - 2048) // 1024 * 1024 if self.max_blocks_per_sm else None
 
-    def sum_rows(self, acc, plan, decode: str, loaded, zero, decoded_b: dict) -> None:
-        """What the kernel computes from one group's loads (`accumulate_rows`; a benchmark's forms override it)."""
-        accumulate_rows(acc, plan, decode, loaded, zero, decoded_b)
+    def sum_rows(self, acc, plan, decode: str, loaded, zero) -> None:
+        """What the kernel computes from its loads (`accumulate_rows`; a benchmark's forms override it)."""
+        accumulate_rows(acc, plan, decode, loaded, zero)
 
     def refusal(self, k: int) -> str | None:
         """Why this config cannot run this K (`plan_for`'s error, naming the argument), or None."""
@@ -126,10 +122,9 @@ class WholeKConfig:
 
 
 class WholeKPlan(NamedTuple):
-    """The launch shape of one K (`plan_for`): ``rows_per_block`` rows per block (in `WholeKConfig.groups_per_block`
-    groups one after another), a group's rows in slots of ``threads_per_row`` threads (``threads`` in all); thread t
-    of a slot loads chunks t + i * threads_per_row (i < chunks_per_thread) of each of its ``rows_per_thread`` rows.
-    ``partial[i]``: chunk i is past the row's end for some threads."""
+    """The launch shape of one K (`plan_for`): ``rows_per_block`` rows per block in slots of ``threads_per_row``
+    threads (``threads`` in all); thread t of a slot loads chunks t + i * threads_per_row (i < chunks_per_thread)
+    of each of its ``rows_per_thread`` rows. ``partial[i]``: chunk i is past the row's end for some threads."""
 
     k: int
     n_chunks: int  # 16-byte chunks per row
@@ -153,8 +148,8 @@ def plan_for(cfg: WholeKConfig, k: int) -> WholeKPlan:
                               f"{cfg.chunks_per_thread} chunks a thread ({MAX_THREADS} threads a block), got K = {k}")
     chunks = -(-n_chunks // threads_per_row)
     partial = tuple((i + 1) * threads_per_row > n_chunks for i in range(chunks))
-    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots * cfg.groups_per_block, cfg.rows_per_thread,
-                      threads_per_row, chunks, cfg.row_slots * threads_per_row, partial)
+    return WholeKPlan(k, n_chunks, cfg.rows_per_thread * cfg.row_slots, cfg.rows_per_thread, threads_per_row, chunks,
+                      cfg.row_slots * threads_per_row, partial)
 
 
 # --------------------------------------------------------------------------- block sums
@@ -180,25 +175,21 @@ def lut_after(zero):
     return Int32(LUT_LO) ^ zero, Int32(LUT_HI) ^ zero
 
 
-def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero, decoded_b: dict, decode_b=decode_b_chunk,
-                    dots=chunk_dots):
-    """acc[q] += the scaled block sums of row q of one group (``loaded``: the thread's chunks of B, their scales, its
-    chunks of A and their scales, row by row): the group's loads joined first (`loads_joined`; B's with the first
-    group's), then chunk i of every row against one decode of B's chunk i, which ``decoded_b`` keeps for the block's
-    later groups ({} before its first). A chunk past the row's end was loaded as zeros, and adds +0 exactly.
-    ``decode_b`` and ``dots``: `decode.decode_b_chunk` and `decode.chunk_dots`, or a benchmark form's own."""
+def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero, decode_b=decode_b_chunk, dots=chunk_dots):
+    """acc[q] += the scaled block sums of row q (``loaded``: the thread's chunks of B, their scales, its chunks of
+    A and their scales, row by row): every load joined first (`loads_joined`), then chunk i of every row against
+    one decode of B's chunk i. A chunk past the row's end was loaded as zeros, and adds +0 exactly. ``decode_b`` and
+    ``dots``: `decode.decode_b_chunk` and `decode.chunk_dots`, or a benchmark form's own."""
     b_words, sfb_pairs, a_words, sfa_pairs = loaded
-    first = not decoded_b
-    zero = loads_joined([w[0] for w in b_words * first + a_words] + sfb_pairs * first + sfa_pairs, zero)
+    zero = loads_joined([w[0] for w in b_words + a_words] + sfb_pairs + sfa_pairs, zero)
     lookup = functools.partial(prmt_lookup, *lut_after(zero)) if decode == "lut" else None
-    if decode != "lut":  # the first group's words of B carry the dependency, a later group's words of A
-        joined = [[w ^ zero for w in words] for words in (b_words if first else a_words)]
-        b_words, a_words = (joined, a_words) if first else (b_words, joined)
+    if decode != "lut":  # B's words carry the dependency
+        b_words = [[w ^ zero for w in words] for words in b_words]
     C = plan.chunks_per_thread
     for i in range(C):
-        if i not in decoded_b:
-            decoded_b[i] = decode_b(b_words[i], decode, lookup), scaled_b(sfb_pairs[i], decode)
-        accumulate_chunk(acc, a_words[i::C], sfa_pairs[i::C], *decoded_b[i], decode, lookup, dots)
+        b_dec = decode_b(b_words[i], decode, lookup)
+        accumulate_chunk(acc, a_words[i::C], sfa_pairs[i::C], b_dec, scaled_b(sfb_pairs[i], decode), decode, lookup,
+                         dots)
 
 
 # --------------------------------------------------------------------------- the kernel
@@ -206,25 +197,22 @@ def accumulate_rows(acc, plan: WholeKPlan, decode: str, loaded, zero, decoded_b:
 
 def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
     """The kernel of one K (``plan``) and FP4 decode, to launch or compile."""
-    P, C, Q, RB, G = (plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block,
-                      cfg.groups_per_block)
-    R = RB // G  # rows a group
+    P, C, Q, R = plan.threads_per_row, plan.chunks_per_thread, plan.rows_per_thread, plan.rows_per_block
     WP = P // 32  # warps per row
     PER_LOAD = 4 if WP % 4 == 0 else 2 if WP % 2 == 0 else 1  # a row's partials a shared load reads, aligned
     KH, KS, STEP = plan.k // 2, plan.k // 16, P * CHUNK_BYTES  # bytes of A, of its scales per row; a load's stride
 
     @cute.kernel
     def kernel(a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, c: cute.Tensor):
-        """All loads of a thread first (its chunks of B, then of each row of the first group), then per group the
-        next group's loads, the block sums and the warp reductions; the row reductions and one fp16 store per row
-        last."""
+        """All loads of a thread first (its chunks of B, then of each row), then the block sums, the
+        warp and row reductions, and one fp16 store per row."""
         tidx = cute.arch.thread_idx()[0]
         lane = tidx % 32
         slot, t = tidx // P, tidx % P
         m_rows = a.shape[0]
         batch = cute.arch.block_idx()[1]  # a grid of (M / rows_per_block, L): no division by M
-        m0 = cute.arch.block_idx()[0] * RB  # the block's first row within its batch
-        first = batch * m_rows + m0 + slot * Q  # this slot's first row of the first group, flat over (L, M)
+        m0 = cute.arch.block_idx()[0] * R  # the block's first row within its batch
+        first = batch * m_rows + m0 + slot * Q  # this slot's first row, flat over (L, M)
         a_base = a.iterator + (Int64(first) * KH + t * CHUNK_BYTES)
         sfa_base = sfa.iterator + (Int64(first) * KS + 2 * t)
         b_base = b.iterator + (Int64(batch) * (B_ROWS * KH) + t * CHUNK_BYTES)
@@ -233,40 +221,30 @@ def make_whole_k_kernel(plan: WholeKPlan, cfg: WholeKConfig, decode: str):
         sfa_policy, sfb_policy = (read_once, read_by_all) if cfg.scale_hints else (None, None)
 
         preds = [(t < plan.n_chunks - i * P) if plan.partial[i] else None for i in range(C)]  # None: every thread's
-        b_words, sfb_pairs = [], []
+        b_words, sfb_pairs, a_words, sfa_pairs = [], [], [], []
         for i in cutlass.range_constexpr(C):
             b_words.append(ld_global_v4_policy(b_base + i * STEP, read_by_all, preds[i], ".nc.L1::evict_last"))
             sfb_pairs.append(ld_global_u16_if(sfb_base + i * P * 2, preds[i], sfb_policy))
+        for q in cutlass.range_constexpr(Q):
+            for i in cutlass.range_constexpr(C):
+                a_words.append(ld_global_v4_policy(a_base + (q * KH + i * STEP), read_once, preds[i], cfg.a_load))
+                sfa_pairs.append(ld_global_u16_if(sfa_base + (q * KS + i * P * 2), preds[i], sfa_policy))
 
-        def group_loads(g):  # the thread's chunks of A of group g's rows and their scales, row by row
-            a_words, sfa_pairs = [], []
-            for q in cutlass.range_constexpr(Q):
-                row = g * R + q
-                for i in cutlass.range_constexpr(C):
-                    a_words.append(ld_global_v4_policy(a_base + (row * KH + i * STEP), read_once, preds[i], cfg.a_load))
-                    sfa_pairs.append(ld_global_u16_if(sfa_base + (row * KS + i * P * 2), preds[i], sfa_policy))
-            return a_words, sfa_pairs
+        acc = [Float32(0.0)] * Q  # the rows' sums
+        cfg.sum_rows(acc, plan, decode, (b_words, sfb_pairs, a_words, sfa_pairs), opaque_zero(m_rows, tidx))
 
-        decoded_b = {}  # B's chunks, decoded by the first group for every group
-        loads = [group_loads(0)]
-        for g in cutlass.range_constexpr(G):
-            if cutlass.const_expr(g + 1 < G):
-                loads.append(group_loads(g + 1))  # in flight while group g computes
-            acc = [Float32(0.0)] * Q  # the rows' sums
-            cfg.sum_rows(acc, plan, decode, (b_words, sfb_pairs, *loads[g]), opaque_zero(m_rows, tidx), decoded_b)
-            if cutlass.const_expr(g == 0):  # a row's warps meet in shared memory, one thread adds them in order (below)
-                partials = smem_words(smem_allocator(), RB * WP, 16)  # [row][warp] fp32 partial sums
-                warp_bytes = warp_word_offset(t)
-            for q in cutlass.range_constexpr(Q):
-                total = cute.arch.warp_reduction_sum(acc[q])
-                if lane == 0:
-                    st_shared(partials + (g * R + slot * Q + q) * WP * 4 + warp_bytes, [total])
+        # The row's warps meet in shared memory (explicit instructions); one thread per row adds them in order.
+        partials = smem_words(smem_allocator(), R * WP, 16)  # [row][warp] fp32 partial sums
+        warp_bytes = warp_word_offset(t)
+        for q in cutlass.range_constexpr(Q):
+            total = cute.arch.warp_reduction_sum(acc[q])
+            if lane == 0:
+                st_shared(partials + (slot * Q + q) * WP * 4 + warp_bytes, [total])
         cute.arch.sync_threads()
-        for j in cutlass.range_constexpr(-(-RB // plan.threads)):  # one pass unless a block has more rows than threads
-            r = tidx + j * plan.threads
-            if r < RB:
-                row = partials + r * (WP * 4)
-                parts = [p for w in range(0, WP, PER_LOAD) for p in ld_shared(row + 4 * w, Float32, PER_LOAD)]
-                c[m0 + r, 0, batch] = sum(parts[1:], parts[0]).to(Float16)  # ((p0 + p1) + p2) + ...
+        if tidx < R:
+            row = partials + tidx * (WP * 4)
+            parts = [p for w in range(0, WP, PER_LOAD) for p in ld_shared(row + 4 * w, Float32, PER_LOAD)]
+            c[m0 + tidx, 0, batch] = sum(parts[1:], parts[0]).to(Float16)  # ((p0 + p1) + p2) + ...
 
     return kernel
+
