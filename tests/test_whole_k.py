@@ -43,12 +43,17 @@ def test_variants_hold_every_test_shape_and_refuse_what_they_cannot():
         for shape in TEST_SHAPES + EXTRA_SHAPES + BENCHMARK_SHAPES:
             plan = plan_for(cfg, shape.k)
             assert plan.threads <= 1024 and 128 % plan.rows_per_block == 0
+    for rows, slots in ((q, s) for q in (1, 2, 4, 8, 16, 32) for s in (1, 2, 4, 8, 16, 32) if q * s <= 128):
+        plan = plan_for(WholeKConfig(chunks_per_thread=8, rows_per_thread=rows, row_slots=slots), 64)
+        assert plan.rows_per_block <= plan.threads  # one thread writes each row: none is left unwritten
     with pytest.raises(NVFP4InputError, match="a: expected K <= 16384 for the whole-K kernel with 2 row slots"):
         plan_for(WholeKConfig(chunks_per_thread=1, row_slots=2), 32768)
     with pytest.raises(NVFP4InputError, match="multiple of 64"):
         plan_for(WholeKConfig(), 96)
     for bad, why in [(dict(rows_per_thread=3), "rows_per_thread"), (dict(chunks_per_thread=9), "chunks_per_thread"),
-                     (dict(row_slots=256), "row_slots"), (dict(decode="table"), "decode")]:
+                     (dict(row_slots=256), "row_slots"), (dict(decode="table"), "decode"),
+                     (dict(rows_per_thread=64), "rows_per_thread: expected a power of two up to 32, got 64"),
+                     (dict(rows_per_thread=32, row_slots=8), "rows_per_thread x row_slots: .* up to 128, got 256")]:
         with pytest.raises(ValueError, match=why):
             WholeKConfig(**bad)
 

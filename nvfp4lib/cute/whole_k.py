@@ -46,8 +46,9 @@ class WholeKConfig:
     ``chunks_per_thread``: the 16-byte chunks of a row each thread aims to load; the threads that share a row
     are that many fewer, rounded up to whole warps (K = 16384, 512 chunks: 2 -> 256 threads; K = 7168, 224
     chunks: 1 -> 224 threads, 2 -> 128 threads of which the last 32 have one chunk). ``rows_per_thread``: the
-    rows each thread computes against one decode of its chunks of B. ``row_slots``: groups of threads per
-    block, each with its own rows (a block has rows_per_thread x row_slots rows, a power of two dividing 128).
+    rows each thread computes against one decode of its chunks of B, at most 32 (a row has 32 threads or more, and
+    each row is written by one thread of its block). ``row_slots``: groups of threads per block, each with its own
+    rows (a block has rows_per_thread x row_slots rows, a power of two up to 128).
     ``decode``: one of `DECODES`, "auto" the target's (`launch.resolve_decode`). ``min_blocks_per_sm``: 0 leaves
     the registers to ptxas; N > 0 asks for N blocks resident per SM (``.minnctapersm``), so ptxas may use up to
     65536 / (N x threads) registers a thread, and does (docs/cute_kernel_notes.md). ``scale_hints``: the scale
@@ -77,10 +78,10 @@ class WholeKConfig:
             if not low <= value <= high:
                 raise ValueError(f"{name}: expected {low} to {high}, got {value}")
         rows = self.rows_per_thread * self.row_slots
-        for name, value in (("rows_per_thread", self.rows_per_thread), ("row_slots", self.row_slots),
-                            ("rows_per_thread x row_slots", rows)):
-            if value < 1 or value & (value - 1) or 128 % value:
-                raise ValueError(f"{name}: expected a power of two dividing 128, got {value}")
+        for name, value, most in (("rows_per_thread", self.rows_per_thread, 32), ("row_slots", self.row_slots, 128),
+                                  ("rows_per_thread x row_slots", rows, 128)):
+            if value < 1 or value & (value - 1) or value > most:
+                raise ValueError(f"{name}: expected a power of two up to {most}, got {value}")
         if self.decode not in self.DECODES:
             raise ValueError(f"decode: expected one of {self.DECODES}, got {self.decode!r}")
         if not isinstance(self.scale_hints, bool):
